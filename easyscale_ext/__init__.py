@@ -5,6 +5,8 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 from . import _C
 from ._C import ContextStore, ContextStoreFullError, FoldStack, UnknownContextError, local_roots
 from .ops import canonical_sum, canonical_sum_lists, fold_, group_norms
+from .data import VirtualDataLoader
+from .ddp import EasyScaleDDP
 
 __version__ = "0.1.0"
 
@@ -15,6 +17,6 @@ def cuda_built() -> bool:
 
 
 __all__ = [
-    "ContextStore", "ContextStoreFullError", "FoldStack", "UnknownContextError", "local_roots",
+    "EasyScaleDDP", "VirtualDataLoader", "ContextStore", "ContextStoreFullError", "FoldStack", "UnknownContextError", "local_roots",
     "canonical_sum", "canonical_sum_lists", "fold_", "group_norms", "cuda_built", "__version__",
 ]

@@ -1,0 +1,133 @@
+"""Data for virtual workers: DistributedSampler semantics over N virtual
+replicas, one loader feeding each local virtual worker its own micro-batch,
+and per-sample seeding so random augmentation does not depend on which
+process or DataLoader worker ran it."""
+import hashlib
+import math
+import random
+from typing import Iterator, List, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def virtual_indices(length: int, num_replicas: int, rank: int, epoch: int, seed: int, shuffle: bool,
+                    drop_last: bool) -> List[int]:
+    """The indices torch.utils.data.DistributedSampler gives replica `rank`, without a process group."""
+    if drop_last and length % num_replicas:
+        per_replica = math.ceil((length - num_replicas) / num_replicas)
+    else:
+        per_replica = math.ceil(length / num_replicas)
+    total = per_replica * num_replicas
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        indices = torch.randperm(length, generator=g).tolist()
+    else:
+        indices = list(range(length))
+    if not drop_last:
+        padding = total - len(indices)
+        if padding <= len(indices):
+            indices += indices[:padding]
+        else:
+            indices += (indices * math.ceil(padding / len(indices)))[:padding]
+    else:
+        indices = indices[:total]
+    return indices[rank:total:num_replicas]
+
+
+def sample_seed(seed: int, epoch: int, virtual_rank: int, index: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{epoch}:{virtual_rank}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class SeededSamples(Dataset):
+    """Wraps a dataset so item (index, epoch, virtual_rank) is produced under RNG
+    seeded from (job seed, epoch, virtual rank, index): torch, random and NumPy.
+    The caller's RNG state is left as it was."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key: Tuple[int, int, int]):
+        index, epoch, virtual_rank = key
+        s = sample_seed(self.seed, epoch, virtual_rank, index)
+        py_state, np_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(s)
+            random.seed(s)
+            np.random.seed(s & 0xFFFFFFFF)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(py_state)
+                np.random.set_state(np_state)
+
+
+class _StepBatches:
+    """Batch sampler: for each step, one micro-batch per local virtual worker, in rank order."""
+
+    def __init__(self, loader: "VirtualDataLoader"):
+        self.loader = loader
+
+    def __iter__(self):
+        ld = self.loader
+        per_rank = {v: virtual_indices(ld.length, ld.num_replicas, v, ld.epoch, ld.seed, ld.shuffle, ld.drop_last)
+                    for v in ld.local_ranks}
+        for step in range(len(ld)):
+            for v in ld.local_ranks:
+                chunk = per_rank[v][step * ld.batch_size:(step + 1) * ld.batch_size]
+                yield [(i, ld.epoch, v) for i in chunk]
+
+    def __len__(self):
+        return len(self.loader) * len(self.loader.local_ranks)
+
+
+class VirtualDataLoader:
+    """Yields, per step, a list of (virtual_rank, batch) for this process's virtual workers.
+
+    Virtual rank v sees exactly what DistributedSampler(num_replicas=N, rank=v,
+    shuffle, seed, drop_last) with set_epoch would give it, batched by
+    batch_size (the last batch may be short unless drop_last_batch). Extra
+    DataLoader arguments (num_workers, collate_fn, pin_memory, ...) pass through.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, local_ranks: Sequence[int],
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, drop_last_batch: bool = False,
+                 **dataloader_kwargs):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for bad in ("sampler", "batch_sampler", "shuffle", "batch_size", "drop_last"):
+            if bad in dataloader_kwargs:
+                raise ValueError(f"VirtualDataLoader chooses {bad} itself; remove it from the arguments")
+        self.length = len(dataset)
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.local_ranks = list(local_ranks)
+        self.shuffle, self.seed, self.drop_last, self.drop_last_batch = shuffle, seed, drop_last, drop_last_batch
+        self.epoch = 0
+        # Its own generator: DataLoader draws a base seed per epoch, which must
+        # not come out of (and shift) the virtual workers' RNG streams.
+        dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
+        self._loader = DataLoader(SeededSamples(dataset, seed), batch_sampler=_StepBatches(self),
+                                  **dataloader_kwargs)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def samples_per_replica(self) -> int:
+        return len(virtual_indices(self.length, self.num_replicas, 0, 0, self.seed, False, self.drop_last))
+
+    def __len__(self) -> int:
+        n = self.samples_per_replica()
+        return n // self.batch_size if self.drop_last_batch else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[List[Tuple[int, object]]]:
+        it = iter(self._loader)
+        for _ in range(len(self)):
+            yield [(v, next(it)) for v in self.local_ranks]

@@ -1,0 +1,257 @@
+"""EasyScaleDDP: DistributedDataParallel over N virtual workers on P <= N processes.
+
+One training step, for a process owning virtual ranks [lo, hi):
+
+    for v, batch in step_batches:            # from VirtualDataLoader
+        _switch_in(v)                         # its RNG streams and buffers; grads cleared
+        loss(module(batch)).backward()
+        _switch_out(v)                        # save its context; fold its grads (reducer)
+    _finish_step()                            # canonical tree across processes -> param.grad;
+                                              # virtual rank 0's buffers to every process
+    optimizer.step()
+
+`workers(step_batches)` runs that loop's bookkeeping around the user's code.
+With one virtual worker per process, plain DDP loops work unchanged: an
+autograd callback finishes the step after backward, as DDP's Reducer does.
+"""
+import contextlib
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import determinism, rng
+from ._C import ContextStore
+from .data import VirtualDataLoader
+from .reducer import CanonicalReducer
+
+_PROCESS = -1  # context-store worker id for process-level snapshots
+
+
+def even_ranges(world_size: int, procs: int) -> List[Tuple[int, int]]:
+    """Contiguous virtual-rank ranges, the first world_size % procs one longer."""
+    base, extra = divmod(world_size, procs)
+    out, at = [], 0
+    for p in range(procs):
+        size = base + (1 if p < extra else 0)
+        out.append((at, at + size))
+        at += size
+    return out
+
+
+class EasyScaleDDP(nn.Module):
+    def __init__(self, module: nn.Module, device_ids=None, output_device=None, dim: int = 0,
+                 broadcast_buffers: bool = True, init_sync: bool = True, process_group=None,
+                 bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
+                 device_mesh=None, *, virtual_world_size: Optional[int] = None,
+                 virtual_ranks: Optional[Tuple[int, int]] = None, determinism_level="D0", num_threads: int = 1,
+                 context_capacity_bytes: int = 8 << 30):
+        super().__init__()
+        for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
+                            ("param_to_hook_all_reduce", param_to_hook_all_reduce),
+                            ("mixed_precision", mixed_precision), ("device_mesh", device_mesh)):
+            if value is not None:
+                raise ValueError(f"EasyScaleDDP does not support {name}; leave it unset")
+        if device_ids is not None and len(device_ids) != 1:
+            raise ValueError("device_ids must list exactly one device (one process per device), as in DDP")
+        self.module = module
+        self.dim = dim
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        # bucket_cap_mb and static_graph are accepted for DDP compatibility: the
+        # reduction is one flat exchange per dtype and its plan is always static.
+        self.determinism_level = determinism.parse(determinism_level)
+
+        distributed = dist.is_available() and dist.is_initialized()
+        self.process_group = (process_group or dist.group.WORLD) if distributed else None
+        procs = dist.get_world_size(self.process_group) if distributed else 1
+        self.rank = dist.get_rank(self.process_group) if distributed else 0
+        self.world_size = virtual_world_size if virtual_world_size is not None else procs
+        if self.world_size < 1:
+            raise ValueError(f"virtual_world_size must be >= 1, got {self.world_size}")
+        if self.world_size < procs:
+            raise ValueError(f"virtual_world_size={self.world_size} is smaller than the {procs} processes; "
+                             "every process needs at least one virtual worker: raise virtual_world_size or "
+                             "start fewer processes")
+        mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
+        setting = (self.world_size, self.determinism_level, num_threads, broadcast_buffers,
+                   [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()])
+        self.ranges = self._agree(setting, mine, procs)
+        self.local_ranks = list(range(*self.ranges[self.rank]))
+        if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
+            raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
+                             "would mix workers); use nn.BatchNorm (convert back with a plain model) or one "
+                             "virtual worker per process")
+        self.device = next(module.parameters()).device
+        self._cuda = self.device.type == "cuda"
+        determinism.apply(self.determinism_level, num_threads, self._cuda)
+        if distributed and init_sync:
+            self._broadcast(list(module.parameters()) + list(module.buffers()), src=0)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
+        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.process_group,
+                                        find_unused_parameters)
+        self.store = ContextStore(context_capacity_bytes, torch.get_num_threads())
+        self._location = "pinned" if self._cuda else "host"
+        # Every virtual worker starts from the process's RNG, as every DDP rank starts from one seed.
+        self._resident = self.local_ranks[0]
+        if len(self.local_ranks) > 1:
+            for v in self.local_ranks[1:]:
+                self._save(v, "rng", rng.capture(self._cuda))
+                if not broadcast_buffers and self._module_buffers():
+                    self._save(v, "buffers", self._module_buffers())
+        self._in_step = False
+        self._sync = True
+        self._current: Optional[int] = None
+        self._callback_queued = False
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    # -- setup -----------------------------------------------------------------
+    def _agree(self, setting, mine, procs) -> List[Tuple[int, int]]:
+        if procs == 1:
+            if mine != (0, self.world_size):
+                raise ValueError(f"a single process must own all virtual ranks (0, {self.world_size}), got {mine}")
+            return [mine]
+        gathered = [None] * procs
+        dist.all_gather_object(gathered, (setting, mine), group=self.process_group)
+        for r, (theirs, _) in enumerate(gathered):
+            if theirs[0] != setting[0]:
+                raise ValueError(f"virtual_world_size differs between processes: {setting[0]} here, {theirs[0]} "
+                                 f"on rank {r}; every process must pass the same N")
+            if theirs != setting:
+                raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
+                                 "(determinism level, num_threads, broadcast_buffers or model parameters); "
+                                 "start every process with the same arguments")
+        ranges = [tuple(m) for _, m in gathered]
+        at = 0
+        for r, (lo, hi) in enumerate(ranges):
+            if lo != at or hi <= lo:
+                raise ValueError(f"virtual ranks must be contiguous, non-empty and in process order; got {ranges}")
+            at = hi
+        if at != self.world_size:
+            raise ValueError(f"virtual ranks {ranges} do not cover 0..{self.world_size - 1}")
+        return ranges
+
+    def _broadcast(self, tensors: List[torch.Tensor], src: int) -> None:
+        if tensors:
+            tensors = [t.detach() for t in tensors]
+            dist._broadcast_coalesced(self.process_group, tensors, 250 * 1024 * 1024, src)
+
+    def _module_buffers(self) -> List[torch.Tensor]:
+        return [b for b in self.module.buffers()]
+
+    def _save(self, worker: int, name: str, tensors: List[torch.Tensor]) -> None:
+        self.store.save(worker, name, tensors, self._location if any(t.is_cuda for t in tensors) else "host")
+
+    # -- the step ---------------------------------------------------------------
+    def _begin_step(self) -> None:
+        self._in_step = True
+        self._folded = 0
+        if len(self.local_ranks) > 1 and self.broadcast_buffers and self._module_buffers():
+            self._save(_PROCESS, "step_buffers", self._module_buffers())
+
+    def _switch_in(self, v: int) -> None:
+        if v != self.local_ranks[self._folded]:
+            raise RuntimeError(f"virtual worker {v} out of order: this step expects {self.local_ranks[self._folded]}")
+        if self._resident != v:
+            rng.restore(self.store.load(v, "rng"), self._cuda)
+            buffers = self._module_buffers()
+            if buffers:
+                if self.broadcast_buffers:
+                    self.store.restore(_PROCESS, "step_buffers", buffers)
+                else:
+                    self.store.restore(v, "buffers", buffers)
+            self._resident = v
+        if len(self.local_ranks) > 1:  # alone in its process a worker accumulates like a DDP rank
+            for p in self.params:
+                p.grad = None
+        self._current = v
+
+    def _switch_out(self, v: int) -> None:
+        many = len(self.local_ranks) > 1
+        if many:
+            self._save(v, "rng", rng.capture(self._cuda))
+            buffers = self._module_buffers()
+            if buffers and (not self.broadcast_buffers or v == 0):
+                self._save(v, "buffers", buffers)
+        if self._sync:
+            self.reducer.fold_worker(self._folded, self._param_names)
+        self._folded += 1
+        self._current = None
+
+    def _finish_step(self) -> None:
+        if self._sync:
+            self.reducer.finish(self.gradient_as_bucket_view)
+        buffers = self._module_buffers()
+        if self.broadcast_buffers and buffers:
+            # Every process continues from virtual rank 0's buffers.
+            if self.rank == 0 and self._resident != 0:
+                self.store.restore(0, "buffers", buffers)
+            if self.process_group is not None:
+                self._broadcast(buffers, src=0)
+        self._in_step = False
+
+    # -- user-facing ---------------------------------------------------------------
+    def workers(self, step_batches: Iterable[Tuple[int, object]]) -> Iterator[object]:
+        """Run one step's virtual workers: yields each local worker's batch with its context switched in.
+
+        The caller runs forward and backward on each yielded batch; after the
+        last one, param.grad holds the reduced gradient, ready for optimizer.step().
+        """
+        batches = list(step_batches)
+        ranks = [v for v, _ in batches]
+        if ranks != self.local_ranks:
+            raise ValueError(f"this process runs virtual ranks {self.local_ranks}, got batches for {ranks}; "
+                             "build the loader with ddp.data_loader(...)")
+        self._begin_step()
+        for v, batch in batches:
+            self._switch_in(v)
+            yield batch
+            self._switch_out(v)
+        self._finish_step()
+
+    def forward(self, *inputs, **kwargs):
+        if self._current is None and torch.is_grad_enabled() and self.module.training:
+            if len(self.local_ranks) > 1:
+                raise RuntimeError(f"this process runs {len(self.local_ranks)} virtual workers: run each "
+                                   "micro-batch inside `for batch in ddp.workers(step_batches)`")
+            # One virtual worker per process: a plain DDP loop; the autograd
+            # callback finishes the step after backward.
+            self._begin_step()
+            self._switch_in(self.local_ranks[0])
+            self._implicit = True
+        return self.module(*inputs, **kwargs)
+
+    def _on_grad_ready(self, param) -> None:
+        if getattr(self, "_implicit", False) and not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_implicit)
+
+    def _finish_implicit(self) -> None:
+        self._callback_queued = False
+        self._implicit = False
+        self._switch_out(self.local_ranks[0])
+        self._finish_step()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Skip the gradient reduction: gradients accumulate in param.grad (one virtual worker per process)."""
+        if len(self.local_ranks) > 1:
+            raise RuntimeError("no_sync with several virtual workers per process is not supported: their "
+                               "gradients share param.grad; accumulate over larger steps instead")
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def data_loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                    **kwargs) -> VirtualDataLoader:
+        """A loader giving each of this process's virtual workers its DistributedSampler share."""
+        return VirtualDataLoader(dataset, batch_size, self.world_size, self.local_ranks, shuffle=shuffle,
+                                 seed=seed, drop_last=drop_last, **kwargs)

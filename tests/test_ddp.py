@@ -1,0 +1,110 @@
+"""EasyScaleDDP is bitwise identical for every placement of N virtual workers.
+
+Each case runs tests/train_job.py as real processes (gloo on localhost) and
+compares a SHA-256 over parameters, buffers and optimizer state after two
+epochs of three steps with the single-process pure-PyTorch reference.
+"""
+import functools
+
+import pytest
+import torch
+
+from easyscale_ext import determinism
+from jobs import run_job
+
+
+@functools.lru_cache(maxsize=None)
+def reference(model="cnn", n=4, level="D0", isa_cap=False):
+    env = dict(determinism.environment(level), **(determinism.ISA_CAP if isa_cap else {}))
+    return run_job("reference", n=n, model=model, level=level, env_per_rank=[env])
+
+
+@pytest.mark.parametrize("procs,ranges", [(1, ""), (2, ""), (4, ""), (2, "0,3,4")],
+                         ids=["P1", "P2", "P4", "split3+1"])
+def test_cnn_n4_every_placement_matches_reference(procs, ranges):
+    assert run_job("easyscale", procs=procs, n=4, ranges=ranges) == reference()
+
+
+def test_dataloader_workers_do_not_change_bits():
+    assert run_job("easyscale", procs=2, n=4, num_workers=2) == reference()
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_transformer_n4(procs):
+    assert run_job("easyscale", procs=procs, n=4, model="transformer") == reference("transformer")
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_cnn_n8(procs):
+    assert run_job("easyscale", procs=procs, n=8) == reference(n=8)
+
+
+def test_placements_are_not_trivially_equal():
+    # The hash sees the worker count: a test comparing hashes can fail.
+    assert reference(n=4) != reference(n=8)
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_n2_on_one_process_equals_torch_ddp_on_two(model):
+    assert run_job("easyscale", procs=1, n=2, model=model) == run_job("ddp", procs=2, n=2, model=model)
+
+
+def test_n1_equals_plain_training():
+    assert run_job("easyscale", procs=1, n=1) == run_job("plain", n=1)
+
+
+D1 = determinism.environment("D1")
+OLD_MACHINE = dict(D1, **determinism.ISA_CAP)  # emulates an AVX2-only machine
+
+
+def test_d1_matches_reference_with_deterministic_kernels():
+    assert run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, D1]) == reference(level="D1")
+
+
+def test_d1_differs_across_instruction_sets():
+    mixed = run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, OLD_MACHINE])
+    assert mixed != reference(level="D1")
+    assert mixed != reference(level="D1", isa_cap=True)
+
+
+def test_d2_agrees_across_instruction_sets():
+    d2 = determinism.environment("D2")
+    mixed = run_job("easyscale", procs=2, n=4, level="D2", env_per_rank=[d2, OLD_MACHINE])
+    assert mixed == reference(level="D2", isa_cap=True)
+
+
+def test_d2_without_its_environment_fails_clearly():
+    with pytest.raises(RuntimeError, match="ONEDNN_MAX_CPU_ISA=AVX2"):
+        run_job("easyscale", procs=1, n=2, level="D2", env_per_rank=[D1])
+
+
+def test_fewer_virtual_workers_than_processes_fails_clearly():
+    with pytest.raises(RuntimeError, match="smaller than the 2 processes"):
+        run_job("easyscale", procs=2, n=1)
+
+
+def test_n_differing_between_processes_fails_clearly():
+    with pytest.raises(RuntimeError, match="virtual_world_size differs between processes"):
+        run_job("easyscale", procs=2, n=4, mismatch_n=1)
+
+
+def test_sync_batchnorm_with_several_workers_per_process_fails_clearly():
+    with pytest.raises(RuntimeError, match="SyncBatchNorm cannot run several virtual workers"):
+        run_job("easyscale", procs=1, n=2, sync_bn=1)
+
+
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_one_process_matches_cuda_reference(model):
+    ref = run_job("reference", n=4, model=model, device="cuda", level="D1", env_per_rank=[D1])
+    assert run_job("easyscale", procs=1, n=4, model=model, device="cuda", level="D1", env_per_rank=[D1]) == ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL, one process per GPU)")
+def test_cuda_nccl_two_processes_match_reference():
+    ref = run_job("reference", n=4, device="cuda", level="D1", env_per_rank=[D1])
+    assert run_job("easyscale", procs=2, n=4, device="cuda", level="D1", env_per_rank=[D1, D1]) == ref

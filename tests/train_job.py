@@ -1,0 +1,256 @@
+"""One training job for the determinism tests, run as a process per rank.
+
+Modes:
+  easyscale  EasyScaleDDP with N virtual workers over the launched processes
+  ddp        torch DistributedDataParallel, one rank per process (gloo)
+  plain      single-process training without any wrapper
+  reference  single process, pure PyTorch: loops over virtual ranks 0..N-1 with
+             plain autograd and the canonical tree written out in torch ops
+Rank 0 writes a SHA-256 over parameters, buffers and optimizer state to --out.
+"""
+import argparse
+import copy
+import hashlib
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, DistributedSampler, default_collate
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from easyscale_ext.data import SeededSamples  # noqa: E402  (defines the per-sample seeds)
+
+
+class Images(Dataset):
+    """Small synthetic images with labels; random flip and noise as augmentation."""
+
+    def __init__(self, n=96, augment=True):
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 1, 12, 12, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.augment = augment
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        x = self.x[i]
+        if self.augment:
+            if torch.rand(()) < 0.5:
+                x = x.flip(-1)
+            x = x + 0.1 * torch.randn_like(x) + 0.01 * np.random.randn() + 0.01 * random.random()
+        return x, self.y[i]
+
+
+class Tokens(Dataset):
+    def __init__(self, n=96, length=10, vocab=50):
+        g = torch.Generator().manual_seed(99)
+        self.x = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.x[i].roll(-1)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.2),
+                                  nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab=50, dim=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.block = nn.TransformerEncoderLayer(dim, 4, 64, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x):
+        return self.head(self.block(self.embed(x)))
+
+
+def build(name, device):
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    if name == "cnn":
+        model = ConvNet().to(device)
+        return model, Images(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model = TinyTransformer().to(device)
+    return model, Tokens(), torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+SEED = 7  # the job seed: shuffling and per-sample augmentation
+
+
+DEVICE = torch.device("cpu")
+
+
+def loss_of(model, batch):
+    x, y = (t.to(DEVICE) for t in batch)
+    out = model(x)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def state_hash(model, opt):
+    h = hashlib.sha256()
+    for name, t in list(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    for pid, st in sorted(opt.state_dict()["state"].items()):
+        for k, v in sorted(st.items()):
+            h.update(f"{pid}.{k}".encode())
+            h.update(v.cpu().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+    return h.hexdigest()
+
+
+def tree_sum(xs):
+    """The canonical association, written out in torch ops."""
+    if len(xs) == 1:
+        return xs[0]
+    p = 1
+    while p * 2 < len(xs):
+        p *= 2
+    return tree_sum(xs[:p]) + tree_sum(xs[p:])
+
+
+def batches_for(data, n, v, epoch, batch_size, step):
+    sampler = DistributedSampler(range(len(data)), num_replicas=n, rank=v, shuffle=True, seed=SEED)
+    sampler.set_epoch(epoch)
+    idx = list(sampler)[step * batch_size:(step + 1) * batch_size]
+    return default_collate([data[(i, epoch, v)] for i in idx])
+
+
+def run_reference(args, model, data, opt):
+    n = args.n
+    def capture():
+        cuda = torch.cuda.get_rng_state() if DEVICE.type == "cuda" else None
+        return torch.get_rng_state(), random.getstate(), np.random.get_state(), cuda
+
+    states = [capture()] * n
+    for epoch in range(args.epochs):
+        for step in range(args.steps):
+            start_buffers = copy.deepcopy(list(model.buffers()))
+            grads, buffers0 = [], None
+            for v in range(n):
+                torch.set_rng_state(states[v][0])
+                random.setstate(states[v][1])
+                np.random.set_state(states[v][2])
+                if states[v][3] is not None:
+                    torch.cuda.set_rng_state(states[v][3])
+                with torch.no_grad():
+                    for b, s in zip(model.buffers(), start_buffers):
+                        b.copy_(s)
+                for p in model.parameters():
+                    p.grad = None
+                loss_of(model, batches_for(data, n, v, epoch, args.batch, step)).backward()
+                grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()])
+                states[v] = capture()
+                if v == 0:
+                    buffers0 = copy.deepcopy(list(model.buffers()))
+            for i, p in enumerate(model.parameters()):
+                p.grad = tree_sum([g[i] * torch.tensor(1.0 / n, dtype=torch.float32, device=DEVICE) for g in grads])
+            with torch.no_grad():
+                for b, s in zip(model.buffers(), buffers0):
+                    b.copy_(s)
+            opt.step()
+            opt.zero_grad()
+
+
+def run_easyscale(args, model, data, opt):
+    import easyscale_ext as es
+
+    ranges = None
+    if args.ranges:
+        bounds = [int(x) for x in args.ranges.split(",")]
+        ranges = (bounds[args.rank], bounds[args.rank + 1])
+    n = args.n + 1 if (args.mismatch_n and args.rank == 1) else args.n
+    ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
+                          num_threads=args.threads)
+    loader = ddp.data_loader(data, batch_size=args.batch, shuffle=True, seed=SEED, num_workers=args.num_workers)
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        for step, step_batches in enumerate(loader):
+            if step == args.steps:
+                break
+            for batch in ddp.workers(step_batches):
+                loss_of(ddp, batch).backward()
+            opt.step()
+            opt.zero_grad()
+    return ddp.module
+
+
+def run_ddp(args, model, data, opt):
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[DEVICE] if DEVICE.type == "cuda" else None)
+    for epoch in range(args.epochs):
+        for step in range(args.steps):
+            loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def run_plain(args, model, data, opt):
+    for epoch in range(args.epochs):
+        for step in range(args.steps):
+            loss_of(model, batches_for(data, 1, 0, epoch, args.batch, step)).backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
+    ap.add_argument("--model", choices=["cnn", "transformer"], default="cnn")
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--ranges", default="")
+    ap.add_argument("--init", default="")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--level", default="D0")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
+    ap.add_argument("--sync-bn", type=int, default=0, help="convert BatchNorm to SyncBatchNorm (an error case)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)  # conv weight gradients change bits with the thread count
+    if args.level != "D0" and args.mode != "easyscale":
+        torch.use_deterministic_algorithms(True)
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda":
+        torch.cuda.manual_seed_all(0)
+    if args.procs > 1:
+        dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", init_method=args.init, rank=args.rank, world_size=args.procs)
+    model, data, opt = build(args.model, DEVICE)
+    if args.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if args.mode != "easyscale":  # EasyScaleDDP's loader seeds samples itself, from the same job seed
+        data = SeededSamples(data, SEED)
+    globals()["run_" + args.mode](args, model, data, opt)
+    if args.rank == 0:
+        with open(args.out, "w") as f:
+            f.write(state_hash(model, opt))
+    if args.procs > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
