@@ -321,14 +321,17 @@ std::string ContextStore::signature(int64_t worker, const std::string& name) con
   return find(worker, name).signature;
 }
 
+ContextStore::EntryMap::iterator ContextStore::release(EntryMap::iterator it) {
+  free_regions_.push_back(it->second.region);
+  if (it->second.saved_event) device::destroy_event(it->second.saved_event);
+  return entries_.erase(it);
+}
+
 void ContextStore::erase(int64_t worker) {
   std::lock_guard<std::mutex> lock(mutex_);
   wait_locked();
-  for (auto it = entries_.lower_bound({worker, std::string()}); it != entries_.end() && it->first.first == worker;) {
-    free_regions_.push_back(it->second.region);
-    if (it->second.saved_event) device::destroy_event(it->second.saved_event);
-    it = entries_.erase(it);
-  }
+  for (auto it = entries_.lower_bound({worker, std::string()}); it != entries_.end() && it->first.first == worker;)
+    it = release(it);
 }
 
 std::vector<uint8_t> ContextStore::serialize(int64_t worker) {
@@ -367,38 +370,61 @@ int64_t ContextStore::deserialize(const uint8_t* data, int64_t size) {
   memcpy(&stored, data + size - 8, 8);
   if (checksum(data, size - 8) != stored)
     throw std::invalid_argument("context bytes are truncated or corrupted (checksum mismatch)");
-  std::lock_guard<std::mutex> lock(mutex_);
-  wait_locked();  // an in-flight save must not land on top of what we write
+
+  // Parse and check everything first: a rejected call changes nothing.
+  struct Parsed {
+    std::string name, signature;
+    int device;
+    std::vector<int64_t> sizes;
+    std::vector<const uint8_t*> data;
+  };
   Reader r(data + sizeof(kMagic), size - 8 - static_cast<int64_t>(sizeof(kMagic)));
   const int64_t worker = r.i64();
   const int64_t count = r.i64();
-  if (count < 1) Reader::corrupt();
-  for (int64_t n = 0; n < count; ++n) {
-    std::string name = r.str();
-    std::string signature = r.str();
-    int device = static_cast<int>(r.i64());
+  if (count < 1 || count > size) Reader::corrupt();
+  std::vector<Parsed> parsed(count);
+  for (Parsed& p : parsed) {
+    p.name = r.str();
+    p.signature = r.str();
+    p.device = static_cast<int>(r.i64());
     int64_t buffers = r.i64();
     if (buffers < 0 || buffers > size) Reader::corrupt();
-    std::vector<int64_t> sizes(buffers);
-    for (int64_t& s : sizes) {
+    p.sizes.resize(buffers);
+    for (int64_t& s : p.sizes) {
       s = r.i64();
       if (s < 0 || s > size) Reader::corrupt();
     }
-    auto it = entries_.find({worker, name});
+    for (int64_t s : p.sizes) p.data.push_back(r.take(s));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  wait_locked();  // an in-flight save must not land on top of what we write
+  for (const Parsed& p : parsed) {
+    auto it = entries_.find({worker, p.name});
     if (it == entries_.end()) {
-      if (device >= 0 && !device::available())
-        throw std::invalid_argument("context " + key_text(worker, name) + " holds CUDA state but this process has no CUDA device");
-      create(worker, name, signature, sizes, device < 0 ? Location::Host : Location::Pinned, device);
-      it = entries_.find({worker, name});
+      if (p.device >= 0 && !device::available())
+        throw std::invalid_argument("context " + key_text(worker, p.name) +
+                                    " holds CUDA state but this process has no CUDA device");
+    } else if (it->second.signature != p.signature || it->second.sizes != p.sizes) {
+      throw std::invalid_argument("context " + key_text(worker, p.name) + " exists as [" + it->second.signature +
+                                  "] but the bytes hold [" + p.signature + "]");
     }
-    Entry& e = it->second;
-    if (e.signature != signature || e.sizes != sizes)
-      throw std::invalid_argument("context " + key_text(worker, name) + " exists as [" + e.signature +
-                                  "] but the bytes hold [" + signature + "]");
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      const uint8_t* src = r.take(sizes[i]);
-      if (e.region.where == Location::Device) device::copy_sync(e.region.base + e.offsets[i], src, sizes[i], device);
-      else if (sizes[i]) memcpy(e.region.base + e.offsets[i], src, sizes[i]);
+  }
+  std::vector<std::string> created;
+  try {
+    for (const Parsed& p : parsed)
+      if (!entries_.count({worker, p.name})) {
+        create(worker, p.name, p.signature, p.sizes, p.device < 0 ? Location::Host : Location::Pinned, p.device);
+        created.push_back(p.name);
+      }
+  } catch (...) {  // over capacity part-way: undo the entries this call made
+    for (const std::string& name : created) release(entries_.find({worker, name}));
+    throw;
+  }
+  for (const Parsed& p : parsed) {
+    Entry& e = entries_.find({worker, p.name})->second;
+    for (size_t i = 0; i < p.sizes.size(); ++i) {
+      if (e.region.where == Location::Device) device::copy_sync(e.region.base + e.offsets[i], p.data[i], p.sizes[i], p.device);
+      else if (p.sizes[i]) memcpy(e.region.base + e.offsets[i], p.data[i], p.sizes[i]);
     }
   }
   return worker;

@@ -99,6 +99,8 @@ class ContextStore {
     int64_t used;
   };
 
+  using EntryMap = std::map<std::pair<int64_t, std::string>, Entry>;
+  EntryMap::iterator release(EntryMap::iterator it);  // frees the region for reuse
   Entry& find(int64_t worker, const std::string& name);
   const Entry& find(int64_t worker, const std::string& name) const;
   Entry& create(int64_t worker, const std::string& name, const std::string& signature,
@@ -111,7 +113,7 @@ class ContextStore {
   const int64_t capacity_;
   const int num_threads_;
   mutable std::mutex mutex_;
-  std::map<std::pair<int64_t, std::string>, Entry> entries_;
+  EntryMap entries_;
   std::vector<Slab> slabs_;
   std::vector<Region> free_regions_;
   std::vector<std::pair<int, void*>> pending_saves_;  // (device, event)
