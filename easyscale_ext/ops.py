@@ -19,12 +19,18 @@ def canonical_sum(tensors: Sequence[torch.Tensor], out_dtype: Optional[torch.dty
     fp16/bf16 accumulate in fp32; the result has `out_dtype` (default: the
     inputs' dtype; the accumulation type is also allowed).
     """
+    if len(tensors) == 0:
+        raise ValueError("canonical_sum needs at least one tensor")
     return _ops.canonical_sum(list(tensors), len(tensors), out_dtype)[0]
 
 
 def canonical_sum_lists(lists: Sequence[Sequence[torch.Tensor]],
                         out_dtype: Optional[torch.dtype] = None) -> list:
     """Element-wise canonical sum of K lists of T tensors each, in one launch."""
+    lengths = {len(lst) for lst in lists}
+    if len(lengths) != 1 or 0 in lengths:
+        raise ValueError(f"canonical_sum_lists needs K non-empty lists of equal length, got lengths "
+                         f"{[len(lst) for lst in lists]}")
     flat = [t for lst in lists for t in lst]
     return _ops.canonical_sum(flat, len(lists), out_dtype)
 
@@ -36,6 +42,8 @@ def fold_(acc: Sequence[torch.Tensor], src: Sequence[torch.Tensor], scale: float
     acc holds the accumulation type of src (fp32, or fp64 for fp64). Tensors
     marked frozen are skipped: no copy, no reduction.
     """
+    if len(src) == 0:
+        raise ValueError("fold_ needs at least one tensor")
     _ops.fold_(list(acc), list(src), float(scale), bool(accumulate), None if frozen is None else list(frozen))
 
 
@@ -44,6 +52,8 @@ def group_norms(tensors: Sequence[torch.Tensor], group_of: Sequence[int], num_gr
 
     group_of[i] == -1 marks tensor i frozen: it is skipped.
     """
+    if len(tensors) == 0:
+        raise ValueError("group_norms needs at least one tensor")
     return _ops.group_norms(list(tensors), list(group_of), num_groups)
 
 

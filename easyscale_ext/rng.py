@@ -1,7 +1,8 @@
 """A virtual worker's random streams as tensors, so the context store can keep them.
 
 Covers torch's CPU generator, the CUDA generator of the current device (when
-CUDA is initialised), Python's `random` and NumPy's legacy global generator.
+the model is on CUDA), Python's `random` and NumPy's legacy global generator.
+Conversions go through NumPy arrays: this runs at every context switch.
 """
 import random
 from typing import List
@@ -13,12 +14,17 @@ import torch
 def capture(cuda: bool) -> List[torch.Tensor]:
     version, mt, gauss = random.getstate()
     _, keys, pos, has_gauss, cached = np.random.get_state()
+    py = np.empty(len(mt) + 1, dtype=np.int64)
+    py[0] = version
+    py[1:] = mt
+    np_state = np.empty(len(keys) + 2, dtype=np.int64)
+    np_state[:-2] = keys
+    np_state[-2:] = (pos, has_gauss)
     out = [
         torch.get_rng_state(),
-        torch.tensor([version, *mt], dtype=torch.int64),
-        torch.tensor([0.0 if gauss is None else 1.0, 0.0 if gauss is None else gauss], dtype=torch.float64),
-        torch.tensor([*keys.tolist(), pos, has_gauss], dtype=torch.int64),
-        torch.tensor([cached], dtype=torch.float64),
+        torch.from_numpy(py),
+        torch.from_numpy(np.array([gauss is not None, gauss or 0.0, cached], dtype=np.float64)),
+        torch.from_numpy(np_state),
     ]
     if cuda:
         out.append(torch.cuda.get_rng_state())
@@ -27,11 +33,10 @@ def capture(cuda: bool) -> List[torch.Tensor]:
 
 def restore(states: List[torch.Tensor], cuda: bool) -> None:
     torch.set_rng_state(states[0])
-    py = states[1].tolist()
-    has_gauss, gauss = states[2].tolist()
-    random.setstate((py[0], tuple(py[1:]), gauss if has_gauss else None))
-    np_state = states[3].tolist()
-    np.random.set_state(("MT19937", np.array(np_state[:624], dtype=np.uint32), np_state[624], np_state[625],
-                         states[4].item()))
+    py = states[1].numpy()
+    has_gauss, gauss, cached = states[2].tolist()
+    random.setstate((int(py[0]), tuple(py[1:].tolist()), gauss if has_gauss else None))
+    np_state = states[3].numpy()
+    np.random.set_state(("MT19937", np_state[:-2].astype(np.uint32), int(np_state[-2]), int(np_state[-1]), cached))
     if cuda:
-        torch.cuda.set_rng_state(states[5])
+        torch.cuda.set_rng_state(states[4])
