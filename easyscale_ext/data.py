@@ -59,7 +59,7 @@ class SeededSamples(Dataset):
         s = sample_seed(self.seed, epoch, virtual_rank, index)
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(s)
+            torch.default_generator.manual_seed(s)  # torch.manual_seed would reseed CUDA too
             random.seed(s)
             np.random.seed(s & 0xFFFFFFFF)
             try:
@@ -79,7 +79,7 @@ class _StepBatches:
         ld = self.loader
         per_rank = {v: virtual_indices(ld.length, ld.num_replicas, v, ld.epoch, ld.seed, ld.shuffle, ld.drop_last)
                     for v in ld.local_ranks}
-        for step in range(len(ld)):
+        for step in range(ld.next_step, len(ld)):
             for v in ld.local_ranks:
                 chunk = per_rank[v][step * ld.batch_size:(step + 1) * ld.batch_size]
                 yield [(i, ld.epoch, v) for i in chunk]
@@ -111,14 +111,24 @@ class VirtualDataLoader:
         self.local_ranks = list(local_ranks)
         self.shuffle, self.seed, self.drop_last, self.drop_last_batch = shuffle, seed, drop_last, drop_last_batch
         self.epoch = 0
+        self.next_step = 0  # the data position: the next step of this epoch
         # Its own generator: DataLoader draws a base seed per epoch, which must
         # not come out of (and shift) the virtual workers' RNG streams.
         dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
         self._loader = DataLoader(SeededSamples(dataset, seed), batch_sampler=_StepBatches(self),
                                   **dataloader_kwargs)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Like DistributedSampler.set_epoch; start_step resumes inside the epoch."""
+        if not 0 <= start_step <= len(self):
+            raise ValueError(f"start_step must be in [0, {len(self)}], got {start_step}")
         self.epoch = epoch
+        self.next_step = start_step
+
+    def reassign(self, local_ranks: Sequence[int]) -> None:
+        """Serve other virtual ranks from the next step on (after a scale event)."""
+        self.local_ranks = list(local_ranks)
+        self._iterator = None
 
     def samples_per_replica(self) -> int:
         return len(virtual_indices(self.length, self.num_replicas, 0, 0, self.seed, False, self.drop_last))
@@ -128,6 +138,11 @@ class VirtualDataLoader:
         return n // self.batch_size if self.drop_last_batch else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[List[Tuple[int, object]]]:
-        it = iter(self._loader)
-        for _ in range(len(self)):
-            yield [(v, next(it)) for v in self.local_ranks]
+        self._iterator = None
+        while self.next_step < len(self):
+            if self._iterator is None:  # (re)start at the data position, e.g. after reassign()
+                self._iterator = iter(self._loader)
+            batches = [(v, next(self._iterator)) for v in self.local_ranks]
+            self.next_step += 1
+            yield batches
+        self.next_step = 0

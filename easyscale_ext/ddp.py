@@ -15,7 +15,7 @@ With one virtual worker per process, plain DDP loops work unchanged: an
 autograd callback finishes the step after backward, as DDP's Reducer does.
 """
 import contextlib
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -67,25 +67,14 @@ class EasyScaleDDP(nn.Module):
         self.determinism_level = determinism.parse(determinism_level)
 
         distributed = dist.is_available() and dist.is_initialized()
-        self.process_group = (process_group or dist.group.WORLD) if distributed else None
-        procs = dist.get_world_size(self.process_group) if distributed else 1
-        self.rank = dist.get_rank(self.process_group) if distributed else 0
-        self.world_size = virtual_world_size if virtual_world_size is not None else procs
-        if self.world_size < 1:
-            raise ValueError(f"virtual_world_size must be >= 1, got {self.world_size}")
-        if self.world_size < procs:
-            raise ValueError(f"virtual_world_size={self.world_size} is smaller than the {procs} processes; "
-                             "every process needs at least one virtual worker: raise virtual_world_size or "
-                             "start fewer processes")
-        mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
-        setting = (self.world_size, self.determinism_level, num_threads, broadcast_buffers,
-                   [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()])
-        self.ranges = self._agree(setting, mine, procs)
-        self.local_ranks = list(range(*self.ranges[self.rank]))
-        if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
-            raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
-                             "would mix workers); use nn.BatchNorm (convert back with a plain model) or one "
-                             "virtual worker per process")
+        if virtual_world_size is None:
+            virtual_world_size = dist.get_world_size(process_group) if distributed else 1
+        if virtual_world_size < 1:
+            raise ValueError(f"virtual_world_size must be >= 1, got {virtual_world_size}")
+        self.world_size = virtual_world_size
+        self.num_threads = num_threads
+        self._place((process_group or dist.group.WORLD) if distributed else None, virtual_ranks)
+        self._buffer_list = list(module.buffers())  # fixed at construction, like DDP's
         self.device = next(module.parameters()).device
         self._cuda = self.device.type == "cuda"
         determinism.apply(self.determinism_level, num_threads, self._cuda)
@@ -112,6 +101,41 @@ class EasyScaleDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     # -- setup -----------------------------------------------------------------
+    def _place(self, process_group, virtual_ranks) -> None:
+        """Fix the process group and this process's virtual ranks, checked with every other process."""
+        self.process_group = process_group
+        procs = dist.get_world_size(process_group) if process_group is not None else 1
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        if self.world_size < procs:
+            raise ValueError(f"virtual_world_size={self.world_size} is smaller than the {procs} processes; "
+                             "every process needs at least one virtual worker: raise virtual_world_size or "
+                             "start fewer processes")
+        mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
+        setting = (self.world_size, self.determinism_level, self.num_threads, self.broadcast_buffers,
+                   [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
+        self.ranges = self._agree(setting, mine, procs)
+        self.local_ranks = list(range(*self.ranges[self.rank]))
+        if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
+            raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
+                             "would mix workers); use nn.BatchNorm (convert back with a plain model) or one "
+                             "virtual worker per process")
+
+    def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
+        """Move to a new process group between steps (a scale event): every member calls it.
+
+        `contexts` must hold the context of every virtual worker this process
+        owns afterwards; the reduction plan is rebuilt for the new placement.
+        """
+        if self._in_step:
+            raise RuntimeError("reconfigure between steps only")
+        self._place(process_group, virtual_ranks)
+        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.process_group,
+                                        self.find_unused_parameters)
+        for v in list(self.store.workers()):
+            if v >= 0 and v not in self.local_ranks:
+                self.store.erase(v)
+        self.import_contexts(contexts)
+
     def _agree(self, setting, mine, procs) -> List[Tuple[int, int]]:
         if procs == 1:
             if mine != (0, self.world_size):
@@ -143,7 +167,7 @@ class EasyScaleDDP(nn.Module):
             dist._broadcast_coalesced(self.process_group, tensors, 250 * 1024 * 1024, src)
 
     def _module_buffers(self) -> List[torch.Tensor]:
-        return [b for b in self.module.buffers()]
+        return self._buffer_list
 
     def _save(self, worker: int, name: str, tensors: List[torch.Tensor]) -> None:
         self.store.save(worker, name, tensors, self._location if any(t.is_cuda for t in tensors) else "host")
@@ -161,11 +185,10 @@ class EasyScaleDDP(nn.Module):
         if self._resident != v:
             rng.restore(self.store.load(v, "rng"), self._cuda)
             buffers = self._module_buffers()
-            if buffers:
-                if self.broadcast_buffers:
-                    self.store.restore(_PROCESS, "step_buffers", buffers)
-                else:
-                    self.store.restore(v, "buffers", buffers)
+            if buffers and not self.broadcast_buffers:
+                self.store.restore(v, "buffers", buffers)
+            elif buffers and self._folded > 0:  # the step's first worker finds them in place
+                self.store.restore(_PROCESS, "step_buffers", buffers)
             self._resident = v
         if len(self.local_ranks) > 1:  # alone in its process a worker accumulates like a DDP rank
             for p in self.params:
@@ -195,6 +218,31 @@ class EasyScaleDDP(nn.Module):
             if self.process_group is not None:
                 self._broadcast(buffers, src=0)
         self._in_step = False
+
+    # -- contexts leaving and entering the process (checkpoints, scaling) ---------------
+    def fingerprint(self) -> list:
+        """What a checkpoint must match: parameter and buffer names, shapes and dtypes."""
+        return [[n, list(t.shape), str(t.dtype)] for n, t in self.module.state_dict().items()]
+
+    def export_contexts(self) -> Dict[int, bytes]:
+        """Every local virtual worker's context as bytes (RNG streams, and buffers unless broadcast)."""
+        if self._in_step:
+            raise RuntimeError("contexts can only be exported between steps")
+        if self._resident is not None:  # the resident worker's state lives in the process
+            self._save(self._resident, "rng", rng.capture(self._cuda))
+            if not self.broadcast_buffers and self._module_buffers():
+                self._save(self._resident, "buffers", self._module_buffers())
+        return {v: self.store.serialize(v) for v in self.local_ranks}
+
+    def import_contexts(self, contexts: Dict[int, bytes]) -> None:
+        """Adopt contexts for this process's virtual workers; the next switch restores them."""
+        for v in self.local_ranks:
+            if v not in contexts:
+                raise ValueError(f"no context given for local virtual worker {v}")
+            self.store.erase(v)
+            if self.store.deserialize(contexts[v]) != v:
+                raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
+        self._resident = None
 
     # -- user-facing ---------------------------------------------------------------
     def workers(self, step_batches: Iterable[Tuple[int, object]]) -> Iterator[object]:

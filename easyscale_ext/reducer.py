@@ -18,6 +18,9 @@ from . import _C
 from .ops import fold_
 
 
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -129,5 +132,5 @@ class CanonicalReducer:
                 src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
                 fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
         out = torch.empty(bucket.padded, dtype=bucket.acc_dtype, device=bucket.device)
-        dist.all_gather_into_tensor(out, self.top_slots[self.top_result][i], group=self.group)
+        _all_gather(out, self.top_slots[self.top_result][i], group=self.group)
         return out

@@ -8,14 +8,20 @@ from typing import Dict, List, Optional
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
 
 
+def _flags(options) -> List[str]:
+    out = []
+    for key, value in options.items():
+        out += ["--" + ("virtual-workers" if key == "n" else key.replace("_", "-")), str(value)]
+    return out
+
+
 def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str]]] = None, timeout: int = 240,
             **options) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "hash")
         args = [sys.executable, JOB, "--mode", mode, "--procs", str(procs), "--out", out,
                 "--init", "file://" + os.path.join(tmp, "rendezvous")]
-        for key, value in options.items():
-            args += ["--" + key.replace("_", "-"), str(value)]
+        args += _flags(options)
         children = []
         for rank in range(procs):
             env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -35,3 +41,36 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
             raise RuntimeError(f"{mode} job failed {failed}:\n" + "\n".join(logs))
         with open(out) as f:
             return f.read()
+
+
+def run_elastic(procs: int, schedule: str, timeout: int = 300, **options) -> str:
+    """An in-place scaling run under easyscale_ext.launcher; returns the final rank 0's hash."""
+    from easyscale_ext.launcher import ElasticLauncher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "hash")
+        args = [sys.executable, JOB, "--mode", "easyscale", "--elastic", "1", "--schedule", schedule, "--out", out]
+        args += _flags(options)
+        launcher = ElasticLauncher(args, procs, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp)
+        code = launcher.run(timeout_s=timeout)
+        logs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".log"))
+        if code != 0 or not os.path.exists(out):
+            raise RuntimeError(f"elastic job failed ({code}):\n{logs}")
+        with open(out) as f:
+            return f.read()
+
+
+def run_torchrun(procs: int, port: int, timeout: int = 300, **options):
+    """A torchrun job (c10d rendezvous, restarts on failure); returns rank 0's hash."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "hash")
+        args = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:1", "--nproc-per-node", str(procs),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3",
+                "--monitor-interval", "0.2", JOB, "--mode", "easyscale", "--torchrun", "1", "--out", out]
+        args += _flags(options)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if done.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"torchrun job failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        with open(out) as f:
+            return f.read(), done.stderr

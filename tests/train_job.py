@@ -14,6 +14,7 @@ import hashlib
 import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from easyscale_ext.data import SeededSamples  # noqa: E402  (defines the per-sam
 class Images(Dataset):
     """Small synthetic images with labels; random flip and noise as augmentation."""
 
-    def __init__(self, n=96, augment=True):
+    def __init__(self, n, augment=True):
         g = torch.Generator().manual_seed(1234)
         self.x = torch.randn(n, 1, 12, 12, generator=g)
         self.y = torch.randint(0, 4, (n,), generator=g)
@@ -44,11 +45,11 @@ class Images(Dataset):
             if torch.rand(()) < 0.5:
                 x = x.flip(-1)
             x = x + 0.1 * torch.randn_like(x) + 0.01 * np.random.randn() + 0.01 * random.random()
-        return x, self.y[i]
+        return x, self.y[i], i
 
 
 class Tokens(Dataset):
-    def __init__(self, n=96, length=10, vocab=50):
+    def __init__(self, n, length=10, vocab=50):
         g = torch.Generator().manual_seed(99)
         self.x = torch.randint(0, vocab, (n, length), generator=g)
 
@@ -56,7 +57,7 @@ class Tokens(Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
-        return self.x[i], self.x[i].roll(-1)
+        return self.x[i], self.x[i].roll(-1), i
 
 
 class ConvNet(nn.Module):
@@ -64,7 +65,7 @@ class ConvNet(nn.Module):
         super().__init__()
         self.body = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.2),
                                   nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 4))
+                                  nn.AvgPool2d(6), nn.Flatten(), nn.Linear(32, 4))  # AvgPool2d: deterministic on CUDA
 
     def forward(self, x):
         return self.body(x)
@@ -81,15 +82,15 @@ class TinyTransformer(nn.Module):
         return self.head(self.block(self.embed(x)))
 
 
-def build(name, device):
+def build(name, device, samples):
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
     if name == "cnn":
         model = ConvNet().to(device)
-        return model, Images(), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        return model, Images(samples), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model = TinyTransformer().to(device)
-    return model, Tokens(), torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, Tokens(samples), torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
 SEED = 7  # the job seed: shuffling and per-sample augmentation
@@ -99,7 +100,7 @@ DEVICE = torch.device("cpu")
 
 
 def loss_of(model, batch):
-    x, y = (t.to(DEVICE) for t in batch)
+    x, y = (t.to(DEVICE) for t in batch[:2])
     out = model(x)
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
@@ -170,8 +171,16 @@ def run_reference(args, model, data, opt):
 
 
 def run_easyscale(args, model, data, opt):
-    import easyscale_ext as es
+    """EasyScaleDDP, optionally checkpointing, resuming, elastic (in-place scaling) or killed on purpose."""
+    import signal
 
+    import easyscale_ext as es
+    from easyscale_ext.checkpoint import Checkpointer, Position
+
+    member = None
+    if args.elastic:
+        from easyscale_ext.elastic import ElasticMember
+        member = ElasticMember()
     ranges = None
     if args.ranges:
         bounds = [int(x) for x in args.ranges.split(",")]
@@ -180,16 +189,47 @@ def run_easyscale(args, model, data, opt):
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
                           num_threads=args.threads)
     loader = ddp.data_loader(data, batch_size=args.batch, shuffle=True, seed=SEED, num_workers=args.num_workers)
-    for epoch in range(args.epochs):
-        loader.set_epoch(epoch)
-        for step, step_batches in enumerate(loader):
-            if step == args.steps:
-                break
+    ckpt = Checkpointer(args.ckpt_dir, ddp, opt, keep=args.ckpt_keep) if args.ckpt_dir else None
+    position = Position()
+    if member is not None and member.joining:
+        position = member.join(ddp, opt)
+        loader.reassign(ddp.local_ranks)
+    elif ckpt is not None and args.resume:
+        position = ckpt.resume()
+    schedule = dict(tuple(int(x) for x in item.split(":")) for item in args.schedule.split(",") if item)
+    log = open(args.log_samples, "a") if args.log_samples else None
+    times = open(args.log_times, "a") if args.log_times else None
+    step = position.step
+    for epoch in range(position.epoch, args.epochs):
+        loader.set_epoch(epoch, position.step_in_epoch if epoch == position.epoch else 0)
+        for step_batches in loader:
+            for v, (_, _, ids) in step_batches:
+                if log:
+                    log.write(f"{epoch} {loader.next_step - 1} {v} {' '.join(map(str, ids.tolist()))}\n")
+                    log.flush()
             for batch in ddp.workers(step_batches):
                 loss_of(ddp, batch).backward()
             opt.step()
             opt.zero_grad()
-    return ddp.module
+            step += 1
+            here = Position(step, epoch, loader.next_step)
+            if times:
+                times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f}\n")
+                times.flush()
+            if args.kill_at == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
+                    and ddp.rank == args.procs - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if ckpt is not None and step % args.ckpt_every == 0:
+                ckpt.save(here)
+            if member is not None:
+                if step in schedule and ddp.rank == 0:
+                    member.store.set("target", str(schedule[step]))
+                if not member.step_boundary(ddp, opt, None, here, block=bool(args.block)):
+                    return False
+                loader.reassign(ddp.local_ranks)
+            if step == args.stop_after:
+                return True
+    return True
 
 
 def run_ddp(args, model, data, opt):
@@ -213,7 +253,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
     ap.add_argument("--model", choices=["cnn", "transformer"], default="cnn")
-    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--virtual-workers", dest="n", type=int, default=4)  # not --n: torchrun would take it
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--ranges", default="")
@@ -226,28 +266,50 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
+    ap.add_argument("--elastic", type=int, default=0, help="run under easyscale_ext.launcher (in-place scaling)")
+    ap.add_argument("--schedule", default="", help="step:procs,... scale requests made by rank 0")
+    ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--ckpt-every", type=int, default=1)
+    ap.add_argument("--ckpt-keep", type=int, default=3)
+    ap.add_argument("--resume", type=int, default=0)
+    ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
+    ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
+    ap.add_argument("--log-times", default="", help="append 'worker step unix-time' at each step end")
+    ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
     ap.add_argument("--sync-bn", type=int, default=0, help="convert BatchNorm to SyncBatchNorm (an error case)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # conv weight gradients change bits with the thread count
     if args.level != "D0" and args.mode != "easyscale":
         torch.use_deterministic_algorithms(True)
+    if args.torchrun:
+        args.rank, args.procs = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        args.init = "env://"
     global DEVICE
     DEVICE = torch.device(args.device)
     if DEVICE.type == "cuda":
         torch.cuda.manual_seed_all(0)
-    if args.procs > 1:
+    if args.torchrun:
+        from easyscale_ext.elastic import init_process_group
+        init_process_group("gloo")
+    elif args.procs > 1 and not args.elastic:
         dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", init_method=args.init, rank=args.rank, world_size=args.procs)
-    model, data, opt = build(args.model, DEVICE)
+    model, data, opt = build(args.model, DEVICE, args.steps * args.batch * args.n)  # exactly `steps` per epoch
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if args.mode != "easyscale":  # EasyScaleDDP's loader seeds samples itself, from the same job seed
         data = SeededSamples(data, SEED)
-    globals()["run_" + args.mode](args, model, data, opt)
-    if args.rank == 0:
+    finished = globals()["run_" + args.mode](args, model, data, opt) is not False
+    if args.elastic:
+        rank = dist.get_rank() if finished else -1
+    else:
+        rank = args.rank
+    if finished and rank == 0:
         with open(args.out, "w") as f:
             f.write(state_hash(model, opt))
-    if args.procs > 1:
+    if finished and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 

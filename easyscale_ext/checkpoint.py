@@ -1,0 +1,163 @@
+"""Job checkpoints: model, optimizer, LR scheduler, position in the data, and
+every virtual worker's context, so a job resumes bitwise on any number of
+processes.
+
+A file is `MAGIC + sha256(payload) + payload`, the payload a torch.save of
+plain containers and tensors, read back with weights_only=True (no pickled
+code runs). Writes go to a temporary file in the same folder, are fsynced and
+renamed over nothing: a kill at any instant leaves the previous checkpoints
+intact, and a torn file is never taken for a checkpoint.
+"""
+import hashlib
+import io
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+MAGIC = b"EASYSCALE-CKPT-1\n"
+FORMAT = 1
+_NAME = re.compile(r"^step-(\d{10})\.ckpt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used here; the message says why and what to do."""
+
+
+@dataclass
+class Position:
+    """Where training resumes: the global step count and the position in the data."""
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    finally:
+        os.close(fd)
+
+
+def read_verified(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    head = len(MAGIC) + 32
+    if len(blob) < head or not blob.startswith(MAGIC):
+        raise CheckpointError(f"{path} is not an easyscale checkpoint (or is truncated): delete it or pass "
+                              "another file")
+    if hashlib.sha256(blob[head:]).digest() != blob[len(MAGIC):head]:
+        raise CheckpointError(f"{path} is truncated or corrupted (checksum mismatch); resume from an older "
+                              "checkpoint in the same folder")
+    return torch.load(io.BytesIO(blob[head:]), weights_only=True)
+
+
+class Checkpointer:
+    """Saves and restores a job's checkpoints in `folder`, keeping the last `keep`.
+
+    save() and resume() are collective: call them on every process.
+    """
+
+    def __init__(self, folder: str, ddp, optimizer, scheduler=None, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.folder, self.ddp, self.optimizer, self.scheduler, self.keep = folder, ddp, optimizer, scheduler, keep
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"checkpoint folder {folder} is not writable: pick another with write access")
+
+    def paths(self) -> List[str]:
+        names = sorted(n for n in os.listdir(self.folder) if _NAME.match(n))
+        return [os.path.join(self.folder, n) for n in names]
+
+    def save(self, position: Position) -> Optional[str]:
+        """Write a checkpoint at `position`; returns its path on rank 0."""
+        contexts = self.ddp.export_contexts()
+        group = self.ddp.process_group
+        if group is not None:
+            gathered = [None] * dist.get_world_size(group) if self.ddp.rank == 0 else None
+            dist.gather_object(contexts, gathered, dst=0, group=group)
+        else:
+            gathered = [contexts]
+        path = None
+        if self.ddp.rank == 0:
+            merged: Dict[int, bytes] = {v: c for part in gathered for v, c in part.items()}
+            payload = {
+                "format": FORMAT,
+                "virtual_world_size": self.ddp.world_size,
+                "determinism_level": self.ddp.determinism_level,
+                "broadcast_buffers": self.ddp.broadcast_buffers,
+                "fingerprint": self.ddp.fingerprint(),
+                "model": self.ddp.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "position": [position.step, position.epoch, position.step_in_epoch],
+                "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in merged.items()},
+            }
+            buf = io.BytesIO()
+            torch.save(payload, buf)
+            body = buf.getvalue()
+            path = os.path.join(self.folder, f"step-{position.step:010d}.ckpt")
+            write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
+            for old in self.paths()[:-self.keep]:
+                os.unlink(old)
+        if group is not None:
+            dist.barrier(group=group)
+        return path
+
+    def resume(self, path: Optional[str] = None) -> Position:
+        """Load `path` (default: the latest checkpoint in the folder, if any) on every process."""
+        if path is None:
+            existing = self.paths()
+            if not existing:
+                return Position()
+            path = existing[-1]
+        state = read_verified(path)
+        self._check(state, path)
+        self.ddp.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            if state["scheduler"] is None:
+                raise CheckpointError(f"{path} holds no LR scheduler state but this job has a scheduler")
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.ddp.import_contexts({v: state["contexts"][v].numpy().tobytes() for v in self.ddp.local_ranks})
+        return Position(*state["position"])
+
+    def _check(self, state: dict, path: str) -> None:
+        if state.get("format") != FORMAT:
+            raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, this version reads {FORMAT}")
+        ddp = self.ddp
+        if state["virtual_world_size"] != ddp.world_size:
+            raise CheckpointError(f"{path} was written by a job of {state['virtual_world_size']} virtual workers, "
+                                  f"this job has {ddp.world_size}: pass virtual_world_size="
+                                  f"{state['virtual_world_size']} to resume it")
+        if state["determinism_level"] != ddp.determinism_level:
+            raise CheckpointError(f"{path} was written at determinism {state['determinism_level']}, this job "
+                                  f"runs {ddp.determinism_level}: resume with the same level")
+        if state["broadcast_buffers"] != ddp.broadcast_buffers:
+            raise CheckpointError(f"{path} was written with broadcast_buffers={state['broadcast_buffers']}: "
+                                  "resume with the same setting")
+        if state["fingerprint"] != ddp.fingerprint():
+            theirs = {n for n, _, _ in state["fingerprint"]}
+            mine = {n for n, _, _ in ddp.fingerprint()}
+            diff = sorted(theirs ^ mine)[:5] or ["same names, other shapes or dtypes"]
+            raise CheckpointError(f"{path} holds another model than this job's (differences: {diff}); "
+                                  "build the same model to resume it")

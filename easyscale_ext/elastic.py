@@ -1,0 +1,217 @@
+"""Stop-free in-place scaling (as in EDL): membership changes at a step
+boundary while surviving processes keep running.
+
+A job's processes share a torch.distributed TCPStore (hosted by the launcher,
+bound to loopback unless told otherwise). Generation g has an ordered member
+list and its own process group, created on a PrefixStore of the job store.
+
+- A joining process prepares first (model, optimizer and data built), then
+  registers as ready and waits to be admitted.
+- Scale requests set the job's target process count (`request_scale`, or
+  `easyscale scale`). At every step boundary rank 0 looks at the target and the
+  ready joiners, and broadcasts whether the membership changes.
+- On a change every member exports its virtual workers' contexts to the store,
+  rank 0 publishes the new members and the data position, the old group is
+  destroyed, leavers return, and survivors and joiners form the new group:
+  rank 0 (a survivor) broadcasts model, buffers and optimizer state, and every
+  process adopts the contexts of the virtual workers it now owns.
+"""
+import json
+import os
+import pickle
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import Position
+from .ddp import even_ranges
+
+STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
+ID_ENV = "EASYSCALE_WORKER_ID"
+JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
+
+
+def connect(address: str, timeout_s: float = 300.0) -> dist.TCPStore:
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def request_scale(address: str, procs: int) -> None:
+    """Ask a running job to run on `procs` processes (scale-out needs joiners started by the launcher)."""
+    if procs < 1:
+        raise ValueError(f"procs must be >= 1, got {procs}")
+    connect(address, 30).set("target", str(procs))
+
+
+@dataclass
+class ScaleEvent:
+    step: int
+    old_procs: int
+    new_procs: int
+    generation: int
+    seconds: float = 0.0  # from the decision to the new group being ready
+    joined: List[str] = field(default_factory=list)
+    left: List[str] = field(default_factory=list)
+
+
+class ElasticMember:
+    """This process's membership in an elastic job."""
+
+    def __init__(self, address: Optional[str] = None, worker_id: Optional[str] = None, backend: str = "gloo",
+                 timeout_s: float = 300.0):
+        address = address or os.environ.get(STORE_ENV)
+        if not address:
+            raise ValueError(f"no job store: pass address='host:port' or set {STORE_ENV}")
+        self.store = connect(address, timeout_s)
+        self.id = worker_id or os.environ.get(ID_ENV) or uuid.uuid4().hex[:12]
+        self.backend = backend
+        self.timeout = timedelta(seconds=timeout_s)
+        self.joining = os.environ.get(JOIN_ENV) == "1"
+        self.generation = -1
+        self.members: List[str] = []
+        self.hooks: List[Callable[[ScaleEvent], None]] = []
+        if not self.joining:
+            self._enter(0)
+
+    # -- membership -----------------------------------------------------------------
+    def _enter(self, generation: int) -> None:
+        self.generation = generation
+        self.members = json.loads(self.store.get(f"gen/{generation}/members"))
+        if self.id not in self.members:
+            raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
+                                rank=self.members.index(self.id), world_size=len(self.members), timeout=self.timeout)
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.id)
+
+    def on_scale(self, hook: Callable[[ScaleEvent], None]) -> None:
+        """Call hook(event) on every process after each scale event it survives or joins."""
+        self.hooks.append(hook)
+
+    # -- joining ----------------------------------------------------------------------
+    def join(self, ddp, optimizer, scheduler=None) -> Position:
+        """For a joining process, once prepared: wait for admission, then adopt the job's state."""
+        if not self.joining:
+            raise RuntimeError("join() is for processes started to join a running job")
+        self.store.set(f"ready/{self.id}", "1")
+        self.store.add("ready_count", 1)
+        self.store.set(f"ready_at/{int(self.store.add('ready_seq', 1))}", self.id)
+        self.store.wait([f"admit/{self.id}"])
+        generation = int(self.store.get(f"admit/{self.id}"))
+        self._enter(generation)
+        self.joining = False
+        return self._adopt(ddp, optimizer, scheduler, joined=True)
+
+    def _ready_joiners(self) -> List[str]:
+        count = int(self.store.add("ready_seq", 0))
+        out = []
+        for i in range(1, count + 1):
+            who = self.store.get(f"ready_at/{i}").decode()
+            if not self.store.check([f"admit/{who}"]):
+                out.append(who)
+        return out
+
+    # -- the step boundary --------------------------------------------------------------
+    def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False) -> bool:
+        """Call after every optimizer step, on every member. Returns False if this process left the job.
+
+        A scale-out waits for its joiners to be prepared; meanwhile training goes
+        on, unless `block` (for schedules that must take effect at this step).
+        """
+        decision = [None]
+        if self.rank == 0:
+            decision[0] = self._decide()
+            while block and decision[0] is None and self._pending():
+                time.sleep(0.01)
+                decision[0] = self._decide()
+        dist.broadcast_object_list(decision, src=0)
+        members = decision[0]
+        if members is None:
+            return True
+        start = time.perf_counter()
+        old = self.members
+        generation = self.generation + 1
+        for v, ctx in ddp.export_contexts().items():
+            self.store.set(f"gen/{generation}/ctx/{v}", ctx)
+        if self.rank == 0:
+            self.store.set(f"gen/{generation}/position",
+                           json.dumps([position.step, position.epoch, position.step_in_epoch]))
+            self.store.set(f"gen/{generation}/members", json.dumps(members))
+            for who in members:
+                if who not in old:
+                    self.store.set(f"admit/{who}", str(generation))
+        dist.barrier()
+        if self.id not in members:
+            dist.destroy_process_group()
+            return False
+        self._enter(generation)
+        self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old)
+        return True
+
+    def _pending(self) -> bool:
+        return self.store.check(["target"]) and int(self.store.get("target")) != len(self.members)
+
+    def _decide(self) -> Optional[List[str]]:
+        if not self.store.check(["target"]):
+            return None
+        target = int(self.store.get("target"))
+        if target == len(self.members):
+            return None
+        if target < len(self.members):
+            return self.members[:target]
+        ready = self._ready_joiners()
+        if len(ready) < target - len(self.members):
+            return None  # keep training until enough joiners are prepared
+        return self.members + ready[:target - len(self.members)]
+
+    def _adopt(self, ddp, optimizer, scheduler, joined: bool, start: Optional[float] = None,
+               old: Optional[List[str]] = None) -> Position:
+        generation = self.generation
+        step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
+        # Rank 0 is a survivor: its model, buffers and optimizer state are the job's.
+        tensors = [t.detach() for t in list(ddp.module.parameters()) + list(ddp.module.buffers())]
+        dist._broadcast_coalesced(dist.group.WORLD, tensors, 250 * 1024 * 1024, 0)
+        states = [pickle.dumps((optimizer.state_dict(), scheduler.state_dict() if scheduler else None))
+                  if self.rank == 0 else None]
+        dist.broadcast_object_list(states, src=0)
+        if self.rank != 0:
+            opt_state, sched_state = pickle.loads(states[0])
+            optimizer.load_state_dict(opt_state)
+            if scheduler is not None:
+                scheduler.load_state_dict(sched_state)
+        lo, hi = even_ranges(ddp.world_size, len(self.members))[self.rank]
+        ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)})
+        position = Position(step, epoch, step_in_epoch)
+        if not joined or self.hooks:
+            event = ScaleEvent(step=step, old_procs=len(old or []), new_procs=len(self.members),
+                               generation=generation,
+                               seconds=time.perf_counter() - start if start is not None else 0.0,
+                               joined=[m for m in self.members if m not in (old or [])],
+                               left=[m for m in (old or []) if m not in self.members])
+            for hook in self.hooks:
+                hook(event)
+        return position
+
+
+def init_process_group(backend: str = "gloo", timeout_s: float = 300.0) -> None:
+    """torch.distributed.init_process_group for a script under torchrun, robust to restarts.
+
+    Each restart attempt rendezvouses under its own store prefix, so ranks of a
+    new attempt never read the addresses a killed attempt left behind.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
+                          is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"easyscale/attempt{attempt}", store), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))

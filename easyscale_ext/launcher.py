@@ -1,0 +1,87 @@
+"""Launches an elastic job on this machine: hosts the job store, starts the
+first processes, and starts joining processes whenever a scale request asks
+for more than are running. Processes leave by themselves (see elastic.py)."""
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Dict, List, Optional, Sequence
+
+import torch.distributed as dist
+
+from .elastic import ID_ENV, JOIN_ENV, STORE_ENV
+
+
+class ElasticLauncher:
+    def __init__(self, argv: Sequence[str], procs: int, host: str = "127.0.0.1", port: int = 0,
+                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None):
+        if procs < 1:
+            raise ValueError(f"procs must be >= 1, got {procs}")
+        self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
+        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=300))
+        self.address = f"{host}:{self.store.port}"
+        self.children: Dict[str, subprocess.Popen] = {}
+        self.spawned = 0
+
+    def _spawn(self, joining: bool) -> str:
+        worker = f"w{self.spawned}"
+        self.spawned += 1
+        env = dict(self.env, **{STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
+        out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
+        self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return worker
+
+    def _members(self) -> List[str]:
+        g = 0
+        while self.store.check([f"gen/{g + 1}/members"]):
+            g += 1
+        return json.loads(self.store.get(f"gen/{g}/members"))
+
+    def run(self, timeout_s: float = 3600.0) -> int:
+        """Run until every process has exited; returns the first non-zero exit code, else 0."""
+        first = [f"w{i}" for i in range(self.procs)]
+        self.store.set("gen/0/members", json.dumps(first))
+        self.store.set("target", str(self.procs))
+        for _ in first:
+            self._spawn(joining=False)
+        deadline = time.monotonic() + timeout_s
+        killed = set()
+        while any(c.poll() is None for c in self.children.values()):
+            if time.monotonic() > deadline:
+                for c in self.children.values():
+                    c.kill()
+                raise TimeoutError(f"elastic job still running after {timeout_s} s")
+            members = self._members()
+            waiting = [w for w, c in self.children.items()
+                       if w not in members and c.poll() is None and not self.store.check([f"admit/{w}"])]
+            if all(self.children[m].poll() is not None for m in members):
+                for w in waiting:  # the job is over: nobody will admit them
+                    self.children[w].kill()
+                    self.children[w].wait()
+                    killed.add(w)
+                break
+            for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
+                self._spawn(joining=True)
+            time.sleep(0.05)
+        codes = [c.wait() for w, c in self.children.items() if w not in killed]
+        return next((code for code in codes if code != 0), 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m easyscale_ext.launcher")
+    ap.add_argument("--procs", type=int, required=True)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("script", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    launcher = ElasticLauncher([sys.executable] + args.script, args.procs, port=args.port)
+    print(f"job store at {launcher.address}", flush=True)
+    return launcher.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
