@@ -41,7 +41,7 @@ test-gpu: build
 	$(PY) -m pytest -ra -m gpu
 
 demo: build
-	$(VENV)/bin/easyscale smoke
+	$(VENV)/bin/easyscale demo
 
 bench: build core
 	build/core/bench_core

@@ -1,8 +1,10 @@
 """The `easyscale` command.
 
-  easyscale smoke                                  check that the extension loads and its kernels run
-  easyscale launch --procs P -- SCRIPT [ARGS]      run SCRIPT as an elastic job on P local processes
-  easyscale scale --store HOST:PORT --procs P      ask a running elastic job to run on P processes
+  easyscale demo [--n N --schedule S ...]        elastic training on digits, replayed on fixed P, verdict
+  easyscale run --procs P -- SCRIPT [ARGS]       run SCRIPT as an elastic job on P local processes
+  easyscale scale --store HOST:PORT --procs P    ask a running elastic job to run on P processes
+  easyscale bench [--quick]                      the benchmarks recorded in BENCHMARKS.md
+  easyscale smoke                                check that the extension loads and its kernels run
 """
 import argparse
 import sys
@@ -20,14 +22,18 @@ def smoke(args) -> int:
     return 0
 
 
-def launch(args) -> int:
+def run(args) -> int:
+    import os
+
+    from . import determinism
     from .launcher import ElasticLauncher
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not script:
-        raise SystemExit("easyscale launch: give the training script after --, e.g. "
-                         "easyscale launch --procs 2 -- train.py --epochs 3")
-    launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port)
+        raise SystemExit("easyscale run: give the training script after --, e.g. "
+                         "easyscale run --procs 2 -- train.py --epochs 3")
+    env = dict(os.environ, **determinism.environment(args.level))
+    launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env)
     print(f"easyscale: job store at {launcher.address}; scale with "
           f"`easyscale scale --store {launcher.address} --procs N`", flush=True)
     return launcher.run()
@@ -44,6 +50,58 @@ def scale(args) -> int:
     return 0
 
 
+def demo(args) -> int:
+    import os
+
+    from . import demo as demo_module
+
+    try:
+        demo_module.parse_schedule(args.schedule, args.n)
+    except ValueError as e:
+        raise SystemExit(f"easyscale demo: {e}")
+    if args.fixed_procs > args.n:
+        raise SystemExit(f"easyscale demo: --fixed-procs {args.fixed_procs} exceeds N={args.n}: every process "
+                         "needs a virtual worker")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        probe = os.path.join(args.out, ".write-test")
+        open(probe, "w").close()
+        os.unlink(probe)
+    except OSError as e:
+        raise SystemExit(f"easyscale demo: cannot write to output folder {args.out}: {e.strerror}; "
+                         "pass --out with a writable folder")
+    return demo_module.demo(args)
+
+
+def bench(args) -> int:
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = [os.path.join(root, "bench", name) for name in ("bench_core.py", "bench_ddp.py", "bench_elastic.py")]
+    if not all(os.path.exists(s) for s in scripts):
+        raise SystemExit("easyscale bench: the bench/ folder is not next to the package; run it from a "
+                         "source checkout (pip install -e .)")
+    for script in scripts:
+        extra = ["--quick"] if args.quick and not script.endswith("elastic.py") else []
+        if args.quick and script.endswith("elastic.py"):
+            extra = ["--repeats", "1"]
+        print(f"$ {os.path.relpath(script, root)} {' '.join(extra)}", flush=True)
+        code = subprocess.call([sys.executable, script, *extra])
+        if code:
+            return code
+    return 0
+
+
+def level(text: str) -> str:
+    from .determinism import parse
+
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -55,18 +113,34 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="easyscale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("smoke", help="check that the extension loads and its kernels run")
-    p.set_defaults(run=smoke)
-    p = sub.add_parser("launch", help="run a training script as an elastic job on local processes")
+    p = sub.add_parser("demo", help="elastic training on digits, replayed on a fixed P: the bitwise verdict")
+    p.add_argument("--n", type=positive, default=4, help="virtual workers (default 4)")
+    p.add_argument("--schedule", default="1,2,4|3,2",
+                   help="process counts over the run; ',' = in-place scale event, '|' = checkpoint and restart "
+                        "(default 1,2,4|3,2)")
+    p.add_argument("--fixed-procs", type=positive, default=2, help="processes of the replay run (default 2)")
+    p.add_argument("--epochs", type=positive, default=4, help="epochs (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--level", default="D1", type=level, help="determinism level D0, D1 or D2 (default D1)")
+    p.add_argument("--out", default="easyscale-demo", help="output folder (default ./easyscale-demo)")
+    p.set_defaults(run=demo)
+    p = sub.add_parser("run", help="run a training script as an elastic job on local processes")
     p.add_argument("--procs", type=positive, required=True, help="processes to start with")
+    p.add_argument("--level", default="D0", type=level,
+                   help="determinism level: sets the environment it needs (default D0)")
     p.add_argument("--host", default="127.0.0.1", help="address the job store binds to (default: loopback)")
     p.add_argument("--port", type=int, default=0, help="job store port (default: any free port)")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
-    p.set_defaults(run=launch)
+    p.set_defaults(run=run)
     p = sub.add_parser("scale", help="ask a running elastic job to change its number of processes")
     p.add_argument("--store", required=True, help="HOST:PORT printed by `easyscale launch`")
     p.add_argument("--procs", type=positive, required=True, help="processes to run on")
     p.set_defaults(run=scale)
+    p = sub.add_parser("bench", help="run the benchmarks recorded in BENCHMARKS.md")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, smaller cases")
+    p.set_defaults(run=bench)
+    p = sub.add_parser("smoke", help="check that the extension loads and its kernels run")
+    p.set_defaults(run=smoke)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -27,6 +27,8 @@ from .data import VirtualDataLoader
 from .reducer import CanonicalReducer
 
 _PROCESS = -1  # context-store worker id for process-level snapshots
+_OPEN_STEP = ("the last step is still open: its `for batch in ddp.workers(...)` loop did not run to the end "
+              "(a break, or zip() stopping early), so its gradients were never reduced; iterate it to completion")
 
 
 def even_ranges(world_size: int, procs: int) -> List[Tuple[int, int]]:
@@ -174,6 +176,8 @@ class EasyScaleDDP(nn.Module):
 
     # -- the step ---------------------------------------------------------------
     def _begin_step(self) -> None:
+        if self._in_step and not getattr(self, "_implicit", False):
+            raise RuntimeError(_OPEN_STEP)
         self._in_step = True
         self._folded = 0
         if len(self.local_ranks) > 1 and self.broadcast_buffers and self._module_buffers():
@@ -227,7 +231,7 @@ class EasyScaleDDP(nn.Module):
     def export_contexts(self) -> Dict[int, bytes]:
         """Every local virtual worker's context as bytes (RNG streams, and buffers unless broadcast)."""
         if self._in_step:
-            raise RuntimeError("contexts can only be exported between steps")
+            raise RuntimeError(_OPEN_STEP)
         if self._resident is not None:  # the resident worker's state lives in the process
             self._save(self._resident, "rng", rng.capture(self._cuda))
             if not self.broadcast_buffers and self._module_buffers():

@@ -16,8 +16,8 @@ def test_smoke_runs():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["launch", "--procs", "0", "--", "x.py"], "must be a positive integer"),
-    (["launch", "--procs", "2"], "give the training script"),
+    (["run", "--procs", "0", "--", "x.py"], "must be a positive integer"),
+    (["run", "--procs", "2"], "give the training script"),
     (["scale", "--store", "127.0.0.1:1", "--procs", "-3"], "must be a positive integer"),
     (["scale", "--procs", "2"], "--store"),
     (["frobnicate"], "invalid choice"),
@@ -30,6 +30,30 @@ def test_bad_arguments_fail_clearly(args, message):
 
 
 def test_every_command_has_help():
-    for command in ([], ["smoke"], ["launch"], ["scale"]):
+    for command in ([], ["demo"], ["run"], ["scale"], ["bench"], ["smoke"]):
         out = easyscale(*command, "--help")
         assert out.returncode == 0 and "usage: easyscale" in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["demo", "--n", "0"], "must be a positive integer"),
+    (["demo", "--n", "4", "--schedule", "1,5"], "must be between 1 and N=4"),
+    (["demo", "--fixed-procs", "8"], "exceeds N=4"),
+    (["demo", "--level", "D7"], "unknown determinism level"),
+    (["demo", "--out", "/proc/easyscale-demo"], "cannot write to output folder"),
+    (["run", "--procs", "1", "--level", "fast", "--", "x.py"], "unknown determinism level"),
+])
+def test_demo_and_run_argument_errors(args, message):
+    out = easyscale(*args)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_short_demo_is_bitwise_identical_and_plots(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "demo", "--epochs", "2", "--schedule", "1,2|2",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verdict: bitwise identical" in out.stdout
+    png = (tmp_path / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -1,0 +1,301 @@
+"""`easyscale demo`: a small CNN on scikit-learn's handwritten digits (shipped
+inside the package, nothing downloaded), trained with N virtual workers on an
+elastic schedule of local CPU processes (in-place scale events and one
+checkpoint-and-restart), then replayed on a fixed number of processes. The
+verdict compares SHA-256 hashes of the final model and optimizer state.
+
+The same file is the training script the launcher runs (`python -m
+easyscale_ext.demo --worker ...`).
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+# -- the training script ---------------------------------------------------------------
+def digits() -> Tuple[TensorDataset, TensorDataset]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(y), generator=g)
+    test, train = order[:360], order[360:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Random shifts of up to one pixel: augmentation whose bits EasyScale keeps placement-invariant."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        dx, dy = torch.randint(-1, 2, (2,)).tolist()
+        return torch.roll(x, shifts=(dy, dx), dims=(1, 2)), y
+
+
+def model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Dropout(0.1), nn.Flatten(), nn.Linear(32 * 16, 10))
+
+
+def state_digest(module: nn.Module, opt) -> str:
+    h = hashlib.sha256()
+    for t in module.state_dict().values():
+        h.update(t.contiguous().numpy().tobytes())
+    for st in opt.state_dict()["state"].values():
+        for v in st.values():
+            h.update(v.numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+    return h.hexdigest()
+
+
+def worker(args) -> int:
+    import easyscale_ext as es
+    from easyscale_ext.checkpoint import Checkpointer, Position
+    from easyscale_ext.elastic import ElasticMember
+
+    member = ElasticMember()
+    torch.manual_seed(args.seed)
+    net = model()
+    ddp = es.EasyScaleDDP(net, virtual_world_size=args.n, determinism_level=args.level)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.02, momentum=0.9)
+    train, test = digits()
+    loader = ddp.data_loader(Augmented(train), batch_size=16, shuffle=True, seed=args.seed)
+    ckpt = Checkpointer(os.path.join(args.out, f"checkpoints-{args.run}"), ddp, opt)
+    position = member.join(ddp, opt) if member.joining else ckpt.resume()
+    loader.reassign(ddp.local_ranks)
+    requests = dict(tuple(int(x) for x in item.split(":")) for item in args.requests.split(",") if item)
+    metrics = open(args.metrics, "a")
+    step = position.step
+    for epoch in range(position.epoch, args.epochs):
+        loader.set_epoch(epoch, position.step_in_epoch if epoch == position.epoch else 0)
+        for step_batches in loader:
+            losses = []
+            for x, y in ddp.workers(step_batches):
+                loss = F.cross_entropy(ddp(x), y)
+                loss.backward()
+                losses.append(loss.item())
+            worker0_loss = losses[0] if ddp.local_ranks[0] == 0 else None
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            here = Position(step, epoch, loader.next_step)
+            record = {"step": step, "time": time.time(), "procs": dist_size()}
+            if worker0_loss is not None:
+                record["loss"] = worker0_loss
+            if loader.next_step == len(loader) and ddp.rank == 0:
+                record["accuracy"] = accuracy(net, test)
+            if ddp.rank == 0:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+                if step in requests:
+                    member.store.set("target", str(requests[step]))
+            if step == args.stop_after:
+                ckpt.save(here)
+                return 0
+            if not member.step_boundary(ddp, opt, None, here, block=True):
+                return 0
+            loader.reassign(ddp.local_ranks)
+    if ddp.rank == 0:
+        with open(os.path.join(args.out, f"{args.run}.sha256"), "w") as f:
+            f.write(state_digest(net, opt))
+    return 0
+
+
+def dist_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def accuracy(net: nn.Module, test: TensorDataset) -> float:
+    net.eval()
+    with torch.no_grad():
+        x, y = test.tensors
+        correct = (net(x).argmax(1) == y).sum().item()
+    net.train()
+    return correct / len(y)
+
+
+# -- the driver ----------------------------------------------------------------------------
+def parse_schedule(text: str, n: int) -> List[List[int]]:
+    """'1,2,4|3,1' -> segments of process counts; '|' is a restart from a checkpoint."""
+    segments = []
+    for part in text.split("|"):
+        counts = [int(c) for c in part.split(",") if c.strip()]
+        if not counts:
+            raise ValueError(f"empty segment in schedule {text!r}")
+        for c in counts:
+            if c < 1 or c > n:
+                raise ValueError(f"schedule {text!r}: process count {c} must be between 1 and N={n}")
+        segments.append(counts)
+    return segments
+
+
+def progress(metrics_path: str, total: int, label: str, proc) -> None:
+    while proc.poll() is None:
+        time.sleep(0.2)
+        lines = open(metrics_path).read().splitlines() if os.path.exists(metrics_path) else []
+        if lines:
+            last = json.loads(lines[-1])
+            done = last["step"]
+            bar = "#" * int(30 * done / total)
+            print(f"\r  {label:8s} [{bar:<30s}] step {done:4d}/{total} P={last['procs']}", end="", flush=True)
+    print()
+
+
+def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total: int) -> None:
+    import subprocess
+    import threading
+
+    from .launcher import ElasticLauncher
+
+    metrics = os.path.join(args.out, f"{run}.jsonl")
+    argv = [sys.executable, "-m", "easyscale_ext.demo", "--worker", "--run", run, "--metrics", metrics,
+            "--requests", requests, "--stop-after", str(stop_after), "--n", str(args.n), "--epochs",
+            str(args.epochs), "--seed", str(args.seed), "--level", args.level, "--out", args.out]
+    from . import determinism
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level))
+    launcher = ElasticLauncher(argv, procs, env=env, log_dir=os.path.join(args.out, "logs"))
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", launcher.run(timeout_s=1800)))
+    thread.start()
+
+    class Alive:
+        def poll(self):
+            return None if thread.is_alive() else 0
+
+    progress(metrics, total, run, Alive())
+    thread.join()
+    if result.get("code") != 0:
+        raise SystemExit(f"easyscale demo: the {run} run failed; see {os.path.join(args.out, 'logs')}")
+
+
+def steps_per_epoch(n: int) -> int:
+    from .data import virtual_indices
+
+    train_len = 1797 - 360
+    per_replica = len(virtual_indices(train_len, n, 0, 0, 0, False, False))
+    return -(-per_replica // 16)
+
+
+def demo(args) -> int:
+    segments = parse_schedule(args.schedule, args.n)
+    os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+    if not os.access(args.out, os.W_OK):
+        raise SystemExit(f"easyscale demo: output folder {args.out} is not writable")
+    for stale in ("elastic.jsonl", "fixed.jsonl", "elastic.sha256", "fixed.sha256"):
+        if os.path.exists(os.path.join(args.out, stale)):
+            os.unlink(os.path.join(args.out, stale))
+    import shutil
+    for run in ("elastic", "fixed"):
+        shutil.rmtree(os.path.join(args.out, f"checkpoints-{run}"), ignore_errors=True)
+    total = steps_per_epoch(args.n) * args.epochs
+    events = sum(len(s) for s in segments) - 1
+    stride = max(1, total // (events + 1))
+    print(f"easyscale demo: {args.n} virtual workers, {args.epochs} epochs ({total} steps) on digits; "
+          f"elastic schedule {args.schedule} ('|' = restart from a checkpoint), then a fixed run on "
+          f"{args.fixed_procs} processes")
+    at = 0
+    for i, counts in enumerate(segments):
+        requests = []
+        for c in counts[1:]:
+            at += stride
+            requests.append(f"{at}:{c}")
+        at += stride
+        stop = at if i < len(segments) - 1 else 0
+        run_phase(args, "elastic", counts[0], ",".join(requests), stop, total)
+    run_phase(args, "fixed", args.fixed_procs, "", 0, total)
+    return report(args, total)
+
+
+def report(args, total: int) -> int:
+    runs = {}
+    for run in ("elastic", "fixed"):
+        records = [json.loads(line) for line in open(os.path.join(args.out, f"{run}.jsonl"))]
+        runs[run] = records
+        phases, start = [], 0
+        for i in range(1, len(records) + 1):
+            if i == len(records) or records[i]["procs"] != records[start]["procs"]:
+                seg = records[start:i]
+                secs = seg[-1]["time"] - seg[0]["time"]
+                rate = (len(seg) - 1) * args.n * 16 / secs if secs > 0 and len(seg) > 1 else float("nan")
+                phases.append(f"P={seg[0]['procs']}: steps {seg[0]['step']}-{seg[-1]['step']}, {rate:.0f} samples/s")
+                start = i
+        acc = [r["accuracy"] for r in records if "accuracy" in r]
+        print(f"  {run}: " + "; ".join(phases) + f"; final accuracy {acc[-1]:.3f}")
+    plot(args, runs)
+    digests = {run: open(os.path.join(args.out, f"{run}.sha256")).read() for run in runs}
+    if digests["elastic"] == digests["fixed"]:
+        print(f"verdict: bitwise identical. SHA-256 of the final state {digests['elastic']} for both runs")
+        return 0
+    losses = [(a["step"], a["loss"], b["loss"]) for a, b in zip(runs["elastic"], runs["fixed"]) if a["loss"] != b["loss"]]
+    where = f"first at step {losses[0][0]} (worker-0 loss {losses[0][1]!r} vs {losses[0][2]!r})" if losses else \
+        "in the state after the last step"
+    print(f"verdict: DIFFERENT. elastic {digests['elastic']} vs fixed {digests['fixed']}; they diverge {where}")
+    return 1
+
+
+def plot(args, runs) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for run, style in (("elastic", "-"), ("fixed", "--")):
+        rec = runs[run]
+        ax_loss.plot([r["step"] for r in rec], [r["loss"] for r in rec], style, label=run, linewidth=1)
+        acc = [(r["step"], r["accuracy"]) for r in rec if "accuracy" in r]
+        ax_acc.plot([s for s, _ in acc], [a for _, a in acc], style + "o", label=run)
+    elastic = runs["elastic"]
+    for prev, cur in zip(elastic, elastic[1:]):
+        if cur["procs"] != prev["procs"]:
+            for ax in (ax_loss, ax_acc):
+                ax.axvline(prev["step"] + 0.5, color="grey", alpha=0.4)
+            ax_loss.annotate(f"P={cur['procs']}", (prev["step"] + 0.5, ax_loss.get_ylim()[1]), fontsize=8,
+                             va="top")
+    ax_loss.set(xlabel="step", ylabel="loss (virtual worker 0)", title="loss")
+    ax_acc.set(xlabel="step", ylabel="test accuracy", title="accuracy (end of each epoch)")
+    ax_loss.legend()
+    ax_acc.legend()
+    fig.tight_layout()
+    path = os.path.join(args.out, "demo.png")
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path} (grey lines: scale events of the elastic run)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m easyscale_ext.demo")
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--run", default="elastic")
+    ap.add_argument("--metrics", default="")
+    ap.add_argument("--requests", default="")
+    ap.add_argument("--stop-after", type=int, default=0)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--level", default="D1")
+    ap.add_argument("--out", default="out")
+    args = ap.parse_args(argv)
+    return worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
