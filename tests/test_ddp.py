@@ -49,6 +49,11 @@ def test_n2_on_one_process_equals_torch_ddp_on_two(model):
     assert run_job("easyscale", procs=1, n=2, model=model) == run_job("ddp", procs=2, n=2, model=model)
 
 
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_unchanged_ddp_loop_with_one_virtual_worker_per_process_equals_torch_ddp(model):
+    assert run_job("easyscale", procs=2, n=2, model=model, implicit=1) == run_job("ddp", procs=2, n=2, model=model)
+
+
 def test_n1_equals_plain_training():
     assert run_job("easyscale", procs=1, n=1) == run_job("plain", n=1)
 

@@ -188,6 +188,13 @@ def run_easyscale(args, model, data, opt):
     n = args.n + 1 if (args.mismatch_n and args.rank == 1) else args.n
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
                           num_threads=args.threads)
+    if args.implicit:  # one virtual worker per process: the unchanged DDP loop
+        for epoch in range(args.epochs):
+            for step in range(args.steps):
+                loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
+                opt.step()
+                opt.zero_grad()
+        return True
     loader = ddp.data_loader(data, batch_size=args.batch, shuffle=True, seed=SEED, num_workers=args.num_workers)
     ckpt = Checkpointer(args.ckpt_dir, ddp, opt, keep=args.ckpt_keep) if args.ckpt_dir else None
     position = Position()
@@ -266,6 +273,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--implicit", type=int, default=0, help="EasyScaleDDP in an unchanged DDP loop (P == N)")
     ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
     ap.add_argument("--elastic", type=int, default=0, help="run under easyscale_ext.launcher (in-place scaling)")
     ap.add_argument("--schedule", default="", help="step:procs,... scale requests made by rank 0")
@@ -299,7 +307,7 @@ def main():
     model, data, opt = build(args.model, DEVICE, args.steps * args.batch * args.n)  # exactly `steps` per epoch
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if args.mode != "easyscale":  # EasyScaleDDP's loader seeds samples itself, from the same job seed
+    if args.mode != "easyscale" or args.implicit:  # EasyScaleDDP's loader seeds samples itself
         data = SeededSamples(data, SEED)
     finished = globals()["run_" + args.mode](args, model, data, opt) is not False
     if args.elastic:
