@@ -96,6 +96,7 @@ class EasyScaleDDP(nn.Module):
                 if not broadcast_buffers and self._module_buffers():
                     self._save(v, "buffers", self._module_buffers())
         self._in_step = False
+        self._implicit = False  # a plain DDP loop's step, finished by the autograd callback
         self._sync = True
         self._current: Optional[int] = None
         self._callback_queued = False
@@ -119,8 +120,7 @@ class EasyScaleDDP(nn.Module):
         self.local_ranks = list(range(*self.ranges[self.rank]))
         if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
-                             "would mix workers); use nn.BatchNorm (convert back with a plain model) or one "
-                             "virtual worker per process")
+                             "would mix workers): use plain BatchNorm layers, or one virtual worker per process")
 
     def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
         """Move to a new process group between steps (a scale event): every member calls it.
@@ -176,7 +176,7 @@ class EasyScaleDDP(nn.Module):
 
     # -- the step ---------------------------------------------------------------
     def _begin_step(self) -> None:
-        if self._in_step and not getattr(self, "_implicit", False):
+        if self._in_step and not self._implicit:
             raise RuntimeError(_OPEN_STEP)
         self._in_step = True
         self._folded = 0
@@ -280,7 +280,7 @@ class EasyScaleDDP(nn.Module):
         return self.module(*inputs, **kwargs)
 
     def _on_grad_ready(self, param) -> None:
-        if getattr(self, "_implicit", False) and not self._callback_queued:
+        if self._implicit and not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_implicit)
 
