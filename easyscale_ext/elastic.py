@@ -191,12 +191,13 @@ class ElasticMember:
         lo, hi = even_ranges(ddp.world_size, len(self.members))[self.rank]
         ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)})
         position = Position(step, epoch, step_in_epoch)
-        if not joined or self.hooks:
-            event = ScaleEvent(step=step, old_procs=len(old or []), new_procs=len(self.members),
-                               generation=generation,
+        if self.hooks:
+            if old is None:  # a joiner learns the previous members from the store
+                old = json.loads(self.store.get(f"gen/{generation - 1}/members"))
+            event = ScaleEvent(step=step, old_procs=len(old), new_procs=len(self.members), generation=generation,
                                seconds=time.perf_counter() - start if start is not None else 0.0,
-                               joined=[m for m in self.members if m not in (old or [])],
-                               left=[m for m in (old or []) if m not in self.members])
+                               joined=[m for m in self.members if m not in old],
+                               left=[m for m in old if m not in self.members])
             for hook in self.hooks:
                 hook(event)
         return position

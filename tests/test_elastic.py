@@ -27,8 +27,14 @@ SCHEDULE = [1, 2, 4, 3, 1]  # processes over the run's segments
 def test_in_place_scaling_schedule_matches_fixed_placement(n, tmp_path):
     log = tmp_path / "samples"
     fixed_log = tmp_path / "fixed"
+    events = tmp_path / "events"
     requests = ",".join(f"{step}:{p}" for step, p in enumerate(SCHEDULE[1:], start=1))
-    assert run_elastic(1, requests, n=n, log_samples=log) == reference(n=n)
+    assert run_elastic(1, requests, n=n, log_samples=log, log_events=events) == reference(n=n)
+    # the on_scale hook fired on the processes of every new membership, joiners included
+    seen = [tuple(map(int, line.split())) for line in events.read_text().splitlines()]
+    expected = [(step, old, new) for step, (old, new) in enumerate(zip(SCHEDULE, SCHEDULE[1:]), start=1)]
+    assert sorted(set(seen)) == expected
+    assert len(seen) == sum(new for _, _, new in expected)
     run_job("easyscale", procs=2, n=n, log_samples=fixed_log)
     # exactly-once data: the same (epoch, step, virtual rank, sample ids), no line twice
     lines = log.read_text().splitlines()

@@ -181,6 +181,11 @@ def run_easyscale(args, model, data, opt):
     if args.elastic:
         from easyscale_ext.elastic import ElasticMember
         member = ElasticMember()
+        if args.log_events:
+            def record(event):
+                with open(args.log_events, "a") as f:
+                    f.write(f"{event.step} {event.old_procs} {event.new_procs}\n")
+            member.on_scale(record)
     ranges = None
     if args.ranges:
         bounds = [int(x) for x in args.ranges.split(",")]
@@ -285,6 +290,7 @@ def main():
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
     ap.add_argument("--log-times", default="", help="append 'worker step unix-time' at each step end")
+    ap.add_argument("--log-events", default="", help="append 'step old new' for every scale event seen")
     ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
     ap.add_argument("--sync-bn", type=int, default=0, help="convert BatchNorm to SyncBatchNorm (an error case)")
