@@ -5,7 +5,7 @@ processes.
 A file is `MAGIC + sha256(payload) + payload`, the payload a torch.save of
 plain containers and tensors, read back with weights_only=True (no pickled
 code runs). Writes go to a temporary file in the same folder, are fsynced and
-renamed over nothing: a kill at any instant leaves the previous checkpoints
+renamed into place: a kill at any instant leaves the previous checkpoints
 intact, and a torn file is never taken for a checkpoint.
 """
 import hashlib

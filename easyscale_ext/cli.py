@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
     p.set_defaults(run=run)
     p = sub.add_parser("scale", help="ask a running elastic job to change its number of processes")
-    p.add_argument("--store", required=True, help="HOST:PORT printed by `easyscale launch`")
+    p.add_argument("--store", required=True, help="HOST:PORT printed by `easyscale run`")
     p.add_argument("--procs", type=positive, required=True, help="processes to run on")
     p.set_defaults(run=scale)
     p = sub.add_parser("bench", help="run the benchmarks recorded in BENCHMARKS.md")

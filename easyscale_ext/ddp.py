@@ -60,12 +60,13 @@ class EasyScaleDDP(nn.Module):
         if device_ids is not None and len(device_ids) != 1:
             raise ValueError("device_ids must list exactly one device (one process per device), as in DDP")
         self.module = module
-        self.dim = dim
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        # bucket_cap_mb and static_graph are accepted for DDP compatibility: the
-        # reduction is one flat exchange per dtype and its plan is always static.
+        # Accepted for DDP compatibility, no effect here: output_device and dim (no
+        # scatter: one device per process), check_reduction (deprecated in DDP),
+        # bucket_cap_mb and static_graph (one flat exchange per dtype, planned at
+        # construction).
         self.determinism_level = determinism.parse(determinism_level)
 
         distributed = dist.is_available() and dist.is_initialized()
@@ -81,7 +82,7 @@ class EasyScaleDDP(nn.Module):
         self._cuda = self.device.type == "cuda"
         determinism.apply(self.determinism_level, num_threads, self._cuda)
         if distributed and init_sync:
-            self._broadcast(list(module.parameters()) + list(module.buffers()), src=0)
+            self.broadcast_state(src=0)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.process_group,
@@ -163,6 +164,10 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"virtual ranks {ranges} do not cover 0..{self.world_size - 1}")
         return ranges
 
+    def broadcast_state(self, src: int = 0) -> None:
+        """Every process takes process `src`'s parameters and buffers (construction, scale events)."""
+        self._broadcast(list(self.module.parameters()) + list(self.module.buffers()), src)
+
     def _broadcast(self, tensors: List[torch.Tensor], src: int) -> None:
         if tensors:
             tensors = [t.detach() for t in tensors]
@@ -182,6 +187,8 @@ class EasyScaleDDP(nn.Module):
         self._folded = 0
         if len(self.local_ranks) > 1 and self.broadcast_buffers and self._module_buffers():
             self._save(_PROCESS, "step_buffers", self._module_buffers())
+            # The first worker's forward updates these buffers in place: not before the copy is done.
+            self.store.order_after_saves(self._module_buffers())
 
     def _switch_in(self, v: int) -> None:
         if v != self.local_ranks[self._folded]:

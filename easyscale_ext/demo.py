@@ -21,6 +21,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 
+BATCH = 16  # per virtual worker
+
+
 # -- the training script ---------------------------------------------------------------
 def digits() -> Tuple[TensorDataset, TensorDataset]:
     from sklearn.datasets import load_digits
@@ -75,13 +78,19 @@ def worker(args) -> int:
     net = model()
     ddp = es.EasyScaleDDP(net, virtual_world_size=args.n, determinism_level=args.level)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.02, momentum=0.9)
-    train, test = digits()
-    loader = ddp.data_loader(Augmented(train), batch_size=16, shuffle=True, seed=args.seed)
+    train_set, test = digits()
+    loader = ddp.data_loader(Augmented(train_set), batch_size=BATCH, shuffle=True, seed=args.seed)
     ckpt = Checkpointer(os.path.join(args.out, f"checkpoints-{args.run}"), ddp, opt)
     position = member.join(ddp, opt) if member.joining else ckpt.resume()
     loader.reassign(ddp.local_ranks)
     requests = dict(tuple(int(x) for x in item.split(":")) for item in args.requests.split(",") if item)
-    metrics = open(args.metrics, "a")
+    with open(args.metrics, "a") as metrics:
+        return train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics)
+
+
+def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics) -> int:
+    from easyscale_ext.checkpoint import Position
+
     step = position.step
     for epoch in range(position.epoch, args.epochs):
         loader.set_epoch(epoch, position.step_in_epoch if epoch == position.epoch else 0)
@@ -189,11 +198,9 @@ def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total:
 
 
 def steps_per_epoch(n: int) -> int:
-    from .data import virtual_indices
+    from .data import VirtualDataLoader
 
-    train_len = 1797 - 360
-    per_replica = len(virtual_indices(train_len, n, 0, 0, 0, False, False))
-    return -(-per_replica // 16)
+    return len(VirtualDataLoader(digits()[0], BATCH, n, [0]))
 
 
 def demo(args) -> int:
@@ -236,7 +243,7 @@ def report(args, total: int) -> int:
             if i == len(records) or records[i]["procs"] != records[start]["procs"]:
                 seg = records[start:i]
                 secs = seg[-1]["time"] - seg[0]["time"]
-                rate = (len(seg) - 1) * args.n * 16 / secs if secs > 0 and len(seg) > 1 else float("nan")
+                rate = (len(seg) - 1) * args.n * BATCH / secs if secs > 0 and len(seg) > 1 else float("nan")
                 phases.append(f"P={seg[0]['procs']}: steps {seg[0]['step']}-{seg[-1]['step']}, {rate:.0f} samples/s")
                 start = i
         acc = [r["accuracy"] for r in records if "accuracy" in r]

@@ -19,6 +19,7 @@ list and its own process group, created on a PrefixStore of the job store.
 import json
 import os
 import pickle
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -129,10 +130,10 @@ class ElasticMember:
         """
         decision = [None]
         if self.rank == 0:
-            decision[0] = self._decide()
+            decision[0] = self._decide(ddp.world_size)
             while block and decision[0] is None and self._pending():
                 time.sleep(0.01)
-                decision[0] = self._decide()
+                decision[0] = self._decide(ddp.world_size)
         dist.broadcast_object_list(decision, src=0)
         members = decision[0]
         if members is None:
@@ -160,10 +161,15 @@ class ElasticMember:
     def _pending(self) -> bool:
         return self.store.check(["target"]) and int(self.store.get("target")) != len(self.members)
 
-    def _decide(self) -> Optional[List[str]]:
+    def _decide(self, world_size: int) -> Optional[List[str]]:
         if not self.store.check(["target"]):
             return None
         target = int(self.store.get("target"))
+        if target > world_size:  # every process needs a virtual worker
+            print(f"easyscale: {target} processes requested but the job has {world_size} virtual workers; "
+                  f"scaling to {world_size}", file=sys.stderr, flush=True)
+            target = world_size
+            self.store.set("target", str(target))
         if target == len(self.members):
             return None
         if target < len(self.members):
@@ -178,8 +184,8 @@ class ElasticMember:
         generation = self.generation
         step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
         # Rank 0 is a survivor: its model, buffers and optimizer state are the job's.
-        tensors = [t.detach() for t in list(ddp.module.parameters()) + list(ddp.module.buffers())]
-        dist._broadcast_coalesced(dist.group.WORLD, tensors, 250 * 1024 * 1024, 0)
+        ddp.process_group = dist.group.WORLD
+        ddp.broadcast_state(src=0)
         states = [pickle.dumps((optimizer.state_dict(), scheduler.state_dict() if scheduler else None))
                   if self.rank == 0 else None]
         dist.broadcast_object_list(states, src=0)
@@ -190,6 +196,10 @@ class ElasticMember:
                 scheduler.load_state_dict(sched_state)
         lo, hi = even_ranges(ddp.world_size, len(self.members))[self.rank]
         ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)})
+        dist.barrier()
+        if self.rank == 0:  # everyone has adopted: the store need not keep the contexts
+            for v in range(ddp.world_size):
+                self.store.delete_key(f"gen/{generation}/ctx/{v}")
         position = Position(step, epoch, step_in_epoch)
         if self.hooks:
             if old is None:  # a joiner learns the previous members from the store

@@ -1,10 +1,10 @@
-"""Launches an elastic job on this machine: hosts the job store, starts the
-first processes, and starts joining processes whenever a scale request asks
-for more than are running. Processes leave by themselves (see elastic.py)."""
+"""Launches an elastic job on this machine (`easyscale run`): hosts the job
+store, starts the first processes, and starts joining processes whenever a
+scale request asks for more than are running. Processes leave by themselves
+(see elastic.py)."""
 import json
 import os
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from typing import Dict, List, Optional, Sequence
@@ -32,6 +32,8 @@ class ElasticLauncher:
         env = dict(self.env, **{STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
         out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
         self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        if out is not None:
+            out.close()  # the child holds its own descriptor
         return worker
 
     def _members(self) -> List[str]:
@@ -53,6 +55,7 @@ class ElasticLauncher:
             if time.monotonic() > deadline:
                 for c in self.children.values():
                     c.kill()
+                    c.wait()
                 raise TimeoutError(f"elastic job still running after {timeout_s} s")
             members = self._members()
             waiting = [w for w, c in self.children.items()
@@ -69,19 +72,3 @@ class ElasticLauncher:
         codes = [c.wait() for w, c in self.children.items() if w not in killed]
         return next((code for code in codes if code != 0), 0)
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m easyscale_ext.launcher")
-    ap.add_argument("--procs", type=int, required=True)
-    ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("script", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    launcher = ElasticLauncher([sys.executable] + args.script, args.procs, port=args.port)
-    print(f"job store at {launcher.address}", flush=True)
-    return launcher.run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

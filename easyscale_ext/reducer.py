@@ -18,7 +18,8 @@ from . import _C
 from .ops import fold_
 
 
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.14
+# torch 2.14 deprecates all_gather_into_tensor for all_gather_single; older releases lack the latter.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:

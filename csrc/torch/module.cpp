@@ -162,6 +162,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return out;
            },
            py::arg("worker"), py::arg("name"), "New tensors holding the entry.")
+      .def("order_after_saves",
+           [](ContextStore& s, const std::vector<at::Tensor>& tensors) {
+             void* stream = current_stream(tensors);
+             if (!stream) return;  // host tensors: saves are synchronous
+             int device = -1;
+             for (const at::Tensor& t : tensors)
+               if (t.is_cuda()) device = t.get_device();
+             s.order_after_saves(device, stream);
+           },
+           py::arg("tensors"),
+           "Make the tensors' current CUDA stream wait for every pending save: call before modifying "
+           "saved tensors in place other than through restore().")
       .def("wait", &ContextStore::wait, py::call_guard<py::gil_scoped_release>(),
            "Block until every pending asynchronous save has landed.")
       .def("contains", &ContextStore::contains, py::arg("worker"), py::arg("name"))
