@@ -96,6 +96,7 @@ class EasyScaleDDP(nn.Module):
                 self._save(v, "rng", rng.capture(self._cuda))
                 if not broadcast_buffers and self._module_buffers():
                     self._save(v, "buffers", self._module_buffers())
+        self._accumulating = set()  # local workers with gradients saved under no_sync()
         self._in_step = False
         self._implicit = False  # a plain DDP loop's step, finished by the autograd callback
         self._sync = True
@@ -204,6 +205,12 @@ class EasyScaleDDP(nn.Module):
         if len(self.local_ranks) > 1:  # alone in its process a worker accumulates like a DDP rank
             for p in self.params:
                 p.grad = None
+            if v in self._accumulating:  # its gradients from steps run under no_sync()
+                present, *grads = self.store.load(v, "grads")
+                for p, g, has in zip(self.params, grads, present.tolist()):
+                    p.grad = g if has else None
+                self.store.erase(v, "grads")
+                self._accumulating.discard(v)
         self._current = v
 
     def _switch_out(self, v: int) -> None:
@@ -215,6 +222,11 @@ class EasyScaleDDP(nn.Module):
                 self._save(v, "buffers", buffers)
         if self._sync:
             self.reducer.fold_worker(self._folded, self._param_names)
+        elif many:  # under no_sync(): keep this worker's gradients until a synced step
+            grads = [p.grad.detach().contiguous() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            present = torch.tensor([p.grad is not None for p in self.params], device=self.device)
+            self._save(v, "grads", [present] + grads)
+            self._accumulating.add(v)
         self._folded += 1
         self._current = None
 
@@ -253,6 +265,7 @@ class EasyScaleDDP(nn.Module):
             self.store.erase(v)
             if self.store.deserialize(contexts[v]) != v:
                 raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
+        self._accumulating = {v for v in self.local_ranks if self.store.contains(v, "grads")}
         self._resident = None
 
     # -- user-facing ---------------------------------------------------------------
@@ -299,10 +312,8 @@ class EasyScaleDDP(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Skip the gradient reduction: gradients accumulate in param.grad (one virtual worker per process)."""
-        if len(self.local_ranks) > 1:
-            raise RuntimeError("no_sync with several virtual workers per process is not supported: their "
-                               "gradients share param.grad; accumulate over larger steps instead")
+        """Skip the gradient reduction, as DDP's: each virtual worker's gradients accumulate (kept in its
+        context while other workers run) until the next step outside no_sync() reduces them."""
         old, self._sync = self._sync, False
         try:
             yield

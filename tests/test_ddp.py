@@ -14,9 +14,9 @@ from jobs import run_job
 
 
 @functools.lru_cache(maxsize=None)
-def reference(model="cnn", n=4, level="D0", isa_cap=False):
+def reference(model="cnn", n=4, level="D0", isa_cap=False, accumulate=1):
     env = dict(determinism.environment(level), **(determinism.ISA_CAP if isa_cap else {}))
-    return run_job("reference", n=n, model=model, level=level, env_per_rank=[env])
+    return run_job("reference", n=n, model=model, level=level, accumulate=accumulate, env_per_rank=[env])
 
 
 @pytest.mark.parametrize("procs,ranges", [(1, ""), (2, ""), (4, ""), (2, "0,3,4")],
@@ -52,6 +52,17 @@ def test_n2_on_one_process_equals_torch_ddp_on_two(model):
 @pytest.mark.parametrize("model", ["cnn", "transformer"])
 def test_unchanged_ddp_loop_with_one_virtual_worker_per_process_equals_torch_ddp(model):
     assert run_job("easyscale", procs=2, n=2, model=model, implicit=1) == run_job("ddp", procs=2, n=2, model=model)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_no_sync_accumulation_matches_reference(procs):
+    # Every virtual worker keeps its own gradient partial across no_sync steps.
+    assert run_job("easyscale", procs=procs, n=4, accumulate=2) == reference(accumulate=2)
+    assert reference(accumulate=2) != reference()  # accumulation changes the result: the test can fail
+
+
+def test_no_sync_with_two_workers_on_one_process_equals_torch_ddp():
+    assert run_job("easyscale", procs=1, n=2, accumulate=2) == run_job("ddp", procs=2, n=2, accumulate=2)
 
 
 def test_n1_equals_plain_training():

@@ -9,6 +9,7 @@ Modes:
 Rank 0 writes a SHA-256 over parameters, buffers and optimizer state to --out.
 """
 import argparse
+import contextlib
 import copy
 import hashlib
 import os
@@ -136,15 +137,19 @@ def batches_for(data, n, v, epoch, batch_size, step):
 
 def run_reference(args, model, data, opt):
     n = args.n
+
     def capture():
         cuda = torch.cuda.get_rng_state() if DEVICE.type == "cuda" else None
         return torch.get_rng_state(), random.getstate(), np.random.get_state(), cuda
 
     states = [capture()] * n
+    pending = [[None] * len(list(model.parameters())) for _ in range(n)]  # gradients kept under no_sync
+    micro = 0
     for epoch in range(args.epochs):
         for step in range(args.steps):
+            micro += 1
             start_buffers = copy.deepcopy(list(model.buffers()))
-            grads, buffers0 = [], None
+            buffers0 = None
             for v in range(n):
                 torch.set_rng_state(states[v][0])
                 random.setstate(states[v][1])
@@ -154,18 +159,22 @@ def run_reference(args, model, data, opt):
                 with torch.no_grad():
                     for b, s in zip(model.buffers(), start_buffers):
                         b.copy_(s)
-                for p in model.parameters():
-                    p.grad = None
+                for p, g in zip(model.parameters(), pending[v]):
+                    p.grad = g
                 loss_of(model, batches_for(data, n, v, epoch, args.batch, step)).backward()
-                grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()])
+                pending[v] = [p.grad for p in model.parameters()]
                 states[v] = capture()
                 if v == 0:
                     buffers0 = copy.deepcopy(list(model.buffers()))
-            for i, p in enumerate(model.parameters()):
-                p.grad = tree_sum([g[i] * torch.tensor(1.0 / n, dtype=torch.float32, device=DEVICE) for g in grads])
             with torch.no_grad():
                 for b, s in zip(model.buffers(), buffers0):
                     b.copy_(s)
+            if micro % args.accumulate:
+                continue  # no_sync: nothing reduced, no optimizer step
+            for i, p in enumerate(model.parameters()):
+                scale = torch.tensor(1.0 / n, dtype=torch.float32, device=DEVICE)
+                p.grad = tree_sum([(g[i] if g[i] is not None else torch.zeros_like(p)) * scale for g in pending])
+            pending = [[None] * len(pending[0]) for _ in range(n)]
             opt.step()
             opt.zero_grad()
 
@@ -219,10 +228,13 @@ def run_easyscale(args, model, data, opt):
                 if log:
                     log.write(f"{epoch} {loader.next_step - 1} {v} {' '.join(map(str, ids.tolist()))}\n")
                     log.flush()
-            for batch in ddp.workers(step_batches):
-                loss_of(ddp, batch).backward()
-            opt.step()
-            opt.zero_grad()
+            sync = (step + 1) % args.accumulate == 0
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                for batch in ddp.workers(step_batches):
+                    loss_of(ddp, batch).backward()
+            if sync:
+                opt.step()
+                opt.zero_grad()
             step += 1
             here = Position(step, epoch, loader.next_step)
             if times:
@@ -246,11 +258,16 @@ def run_easyscale(args, model, data, opt):
 
 def run_ddp(args, model, data, opt):
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[DEVICE] if DEVICE.type == "cuda" else None)
+    micro = 0
     for epoch in range(args.epochs):
         for step in range(args.steps):
-            loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
-            opt.step()
-            opt.zero_grad()
+            micro += 1
+            sync = micro % args.accumulate == 0
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
+            if sync:
+                opt.step()
+                opt.zero_grad()
 
 
 def run_plain(args, model, data, opt):
@@ -278,6 +295,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--accumulate", type=int, default=1, help="reduce every this many steps (no_sync between)")
     ap.add_argument("--implicit", type=int, default=0, help="EasyScaleDDP in an unchanged DDP loop (P == N)")
     ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
     ap.add_argument("--elastic", type=int, default=0, help="run under easyscale_ext.launcher (in-place scaling)")

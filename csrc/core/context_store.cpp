@@ -334,6 +334,13 @@ void ContextStore::erase(int64_t worker) {
     it = release(it);
 }
 
+void ContextStore::erase(int64_t worker, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  wait_locked();
+  auto it = entries_.find({worker, name});
+  if (it != entries_.end()) release(it);
+}
+
 std::vector<uint8_t> ContextStore::serialize(int64_t worker) {
   std::lock_guard<std::mutex> lock(mutex_);
   wait_locked();

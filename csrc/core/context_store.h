@@ -67,6 +67,7 @@ class ContextStore {
   std::vector<std::string> names(int64_t worker) const;
   std::string signature(int64_t worker, const std::string& name) const;
   void erase(int64_t worker);
+  void erase(int64_t worker, const std::string& name);  // no-op when absent
 
   // A worker's whole context as bytes (checksummed), and back. Deserialised
   // entries live in host memory; an existing entry must have the same layout.

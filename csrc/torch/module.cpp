@@ -180,7 +180,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("workers", &ContextStore::workers)
       .def("names", &ContextStore::names, py::arg("worker"))
       .def("signature", &ContextStore::signature, py::arg("worker"), py::arg("name"))
-      .def("erase", &ContextStore::erase, py::arg("worker"), "Drop a worker's entries; their memory is reused.")
+      .def("erase", py::overload_cast<int64_t>(&ContextStore::erase), py::arg("worker"),
+           "Drop a worker's entries; their memory is reused.")
+      .def("erase", py::overload_cast<int64_t, const std::string&>(&ContextStore::erase), py::arg("worker"),
+           py::arg("name"), "Drop one entry if present; its memory is reused.")
       .def("serialize",
            [](ContextStore& s, int64_t worker) {
              std::vector<uint8_t> bytes;
