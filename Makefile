@@ -45,7 +45,7 @@ demo: build
 
 bench: build core
 	build/core/bench_core
-	$(PY) bench/bench_core.py
+	$(VENV)/bin/easyscale bench
 
 clean:
 	rm -rf build $(VENV) easyscale_ext/*.so
