@@ -12,7 +12,7 @@ import hashlib
 import io
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -109,7 +109,7 @@ class Checkpointer:
                 "model": self.ddp.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "position": [position.step, position.epoch, position.step_in_epoch],
+                "position": list(astuple(position)),
                 "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in merged.items()},
             }
             buf = io.BytesIO()

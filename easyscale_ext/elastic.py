@@ -18,11 +18,10 @@ list and its own process group, created on a PrefixStore of the job store.
 """
 import json
 import os
-import pickle
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import timedelta
 from typing import Callable, List, Optional
 
@@ -145,7 +144,7 @@ class ElasticMember:
             self.store.set(f"gen/{generation}/ctx/{v}", ctx)
         if self.rank == 0:
             self.store.set(f"gen/{generation}/position",
-                           json.dumps([position.step, position.epoch, position.step_in_epoch]))
+                           json.dumps(astuple(position)))
             self.store.set(f"gen/{generation}/members", json.dumps(members))
             for who in members:
                 if who not in old:
@@ -186,11 +185,10 @@ class ElasticMember:
         # Rank 0 is a survivor: its model, buffers and optimizer state are the job's.
         ddp.process_group = dist.group.WORLD
         ddp.broadcast_state(src=0)
-        states = [pickle.dumps((optimizer.state_dict(), scheduler.state_dict() if scheduler else None))
-                  if self.rank == 0 else None]
-        dist.broadcast_object_list(states, src=0)
+        states = [(optimizer.state_dict(), scheduler.state_dict() if scheduler else None) if self.rank == 0 else None]
+        dist.broadcast_object_list(states, src=0)  # pickles for us
         if self.rank != 0:
-            opt_state, sched_state = pickle.loads(states[0])
+            opt_state, sched_state = states[0]
             optimizer.load_state_dict(opt_state)
             if scheduler is not None:
                 scheduler.load_state_dict(sched_state)
