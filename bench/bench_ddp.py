@@ -174,7 +174,9 @@ def main():
     if args.child:
         spec = json.loads(args.child)
         fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair}[spec[0]]
-        print(json.dumps(fn(*spec[1:])))
+        print(json.dumps(fn(*spec[1:])), flush=True)
+        if spec[1] == "ddp":  # torch DDP keeps its gloo group alive into interpreter shutdown, where it
+            os._exit(0)       # can abort the process (pytorch/pytorch#190489): leave without a shutdown
         return
     from easyscale_ext import determinism
 

@@ -15,6 +15,7 @@ With one virtual worker per process, plain DDP loops work unchanged: an
 autograd callback finishes the step after backward, as DDP's Reducer does.
 """
 import contextlib
+import weakref
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -85,8 +86,7 @@ class EasyScaleDDP(nn.Module):
             self.broadcast_state(src=0)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in module.named_parameters()}
-        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.process_group,
-                                        find_unused_parameters)
+        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, find_unused_parameters)
         self.store = ContextStore(context_capacity_bytes, torch.get_num_threads())
         self._location = "pinned" if self._cuda else "host"
         # Every virtual worker starts from the process's RNG, as every DDP rank starts from one seed.
@@ -106,6 +106,27 @@ class EasyScaleDDP(nn.Module):
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     # -- setup -----------------------------------------------------------------
+    @property
+    def process_group(self):
+        """The process group of the job's processes; None when it runs in one process.
+
+        Held weakly, so that dist.destroy_process_group() ends the group at once, as
+        with DDP: a gloo group that lives on into interpreter shutdown can abort the
+        process there (a worker thread still releasing a finished collective cannot
+        take the GIL; pytorch/pytorch#190489).
+        """
+        if self._group is None:
+            return None
+        group = self._group()
+        if group is None:
+            raise RuntimeError("this EasyScaleDDP's process group was destroyed; to go on training, create a "
+                               "new one and call reconfigure() with it")
+        return group
+
+    @process_group.setter
+    def process_group(self, group) -> None:
+        self._group = weakref.ref(group) if group is not None else None
+
     def _place(self, process_group, virtual_ranks) -> None:
         """Fix the process group and this process's virtual ranks, checked with every other process."""
         self.process_group = process_group
@@ -133,8 +154,7 @@ class EasyScaleDDP(nn.Module):
         if self._in_step:
             raise RuntimeError("reconfigure between steps only")
         self._place(process_group, virtual_ranks)
-        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.process_group,
-                                        self.find_unused_parameters)
+        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.find_unused_parameters)
         for v in list(self.store.workers()):
             if v >= 0 and v not in self.local_ranks:
                 self.store.erase(v)
@@ -232,7 +252,7 @@ class EasyScaleDDP(nn.Module):
 
     def _finish_step(self) -> None:
         if self._sync:
-            self.reducer.finish(self.gradient_as_bucket_view)
+            self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
         buffers = self._module_buffers()
         if self.broadcast_buffers and buffers:
             # Every process continues from virtual rank 0's buffers.

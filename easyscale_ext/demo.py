@@ -16,6 +16,7 @@ import time
 from typing import List, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -85,7 +86,10 @@ def worker(args) -> int:
     loader.reassign(ddp.local_ranks)
     requests = dict(tuple(int(x) for x in item.split(":")) for item in args.requests.split(",") if item)
     with open(args.metrics, "a") as metrics:
-        return train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics)
+        code = train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics)
+    if dist.is_initialized():  # a member that left the job has destroyed its group already
+        dist.destroy_process_group()
+    return code
 
 
 def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics) -> int:
@@ -105,7 +109,7 @@ def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, m
             opt.zero_grad()
             step += 1
             here = Position(step, epoch, loader.next_step)
-            record = {"step": step, "time": time.time(), "procs": dist_size()}
+            record = {"step": step, "time": time.time(), "procs": dist.get_world_size()}
             if worker0_loss is not None:
                 record["loss"] = worker0_loss
             if loader.next_step == len(loader) and ddp.rank == 0:
@@ -125,12 +129,6 @@ def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, m
         with open(os.path.join(args.out, f"{args.run}.sha256"), "w") as f:
             f.write(state_digest(net, opt))
     return 0
-
-
-def dist_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size()
 
 
 def accuracy(net: nn.Module, test: TensorDataset) -> float:

@@ -50,11 +50,10 @@ class _Bucket:
 
 class CanonicalReducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], world_size: int,
-                 ranges: Sequence[Tuple[int, int]], rank: int, process_group, find_unused_parameters: bool):
+                 ranges: Sequence[Tuple[int, int]], rank: int, find_unused_parameters: bool):
         self.n = world_size
         self.ranges = [tuple(r) for r in ranges]
         self.rank = rank
-        self.group = process_group
         self.procs = len(self.ranges)
         self.find_unused = find_unused_parameters
         by_dtype: Dict[torch.dtype, List[torch.nn.Parameter]] = {}
@@ -108,30 +107,30 @@ class CanonicalReducer:
                 else:
                     fold_([self.slots[op.dst][i]], [self.slots[op.src][i]], 1.0, True)
 
-    def finish(self, gradient_as_bucket_view: bool) -> None:
-        """Complete the tree across processes and write each param.grad."""
+    def finish(self, group, gradient_as_bucket_view: bool) -> None:
+        """Complete the tree across the processes of `group` and write each param.grad."""
         for i, bucket in enumerate(self.buckets):
             local = [self.slots[s][i] for s in self.root_slots]
             if self.procs == 1:
                 reduced = local[0]
             else:
-                reduced = self._exchange(i, bucket, local)
+                reduced = self._exchange(group, i, bucket, local)
             views = bucket.views(reduced)
             for p, g in zip(bucket.params, views):
                 grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
                 p.grad = grad
 
-    def _exchange(self, i: int, bucket: _Bucket, local: List[torch.Tensor]) -> torch.Tensor:
+    def _exchange(self, group, i: int, bucket: _Bucket, local: List[torch.Tensor]) -> torch.Tensor:
         c = bucket.chunk
         send = torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local])
         recv = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
         dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
-                               [c * len(local)] * self.procs, group=self.group)
+                               [c * len(local)] * self.procs, group=group)
         for k, plan in enumerate(self.top_plans):
             pushed = recv[k * c:(k + 1) * c]
             for op in plan:
                 src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
                 fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
         out = torch.empty(bucket.padded, dtype=bucket.acc_dtype, device=bucket.device)
-        _all_gather(out, self.top_slots[self.top_result][i], group=self.group)
+        _all_gather(out, self.top_slots[self.top_result][i], group=group)
         return out

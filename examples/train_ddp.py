@@ -1,5 +1,6 @@
 """Plain DDP training: run with `torchrun --nproc-per-node 2 examples/train_ddp.py`."""
 import hashlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -28,3 +29,6 @@ for epoch in range(2):
         digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values()))
         print(f"epoch {epoch} state {digest.hexdigest()[:16]}")
 dist.destroy_process_group()
+# torch 2.14: DDP keeps its gloo group alive into interpreter shutdown, where a worker thread
+# releasing a finished collective can abort the process (pytorch/pytorch#190489).
+os._exit(0)

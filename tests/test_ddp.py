@@ -5,11 +5,14 @@ compares a SHA-256 over parameters, buffers and optimizer state after two
 epochs of three steps with the single-process pure-PyTorch reference.
 """
 import functools
+import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
 
-from easyscale_ext import determinism
+from easyscale_ext import EasyScaleDDP, determinism
 from jobs import run_job
 
 
@@ -107,6 +110,22 @@ def test_n_differing_between_processes_fails_clearly():
 def test_sync_batchnorm_with_several_workers_per_process_fails_clearly():
     with pytest.raises(RuntimeError, match="SyncBatchNorm cannot run several virtual workers"):
         run_job("easyscale", procs=1, n=2, sync_bn=1)
+
+
+def test_destroy_process_group_ends_the_group_while_easyscale_ddp_lives(tmp_path):
+    # A gloo group alive at interpreter shutdown can abort the process there (pytorch/pytorch#190489);
+    # destroying the group must end it, as the user's script calls it before exiting.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2)
+        for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
+            ddp(x).sum().backward()
+        group = weakref.ref(ddp.process_group)
+    finally:
+        dist.destroy_process_group()
+    assert group() is None
+    with pytest.raises(RuntimeError, match="process group was destroyed"):
+        ddp.process_group
 
 
 

@@ -344,6 +344,9 @@ def main():
     if finished and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    if args.mode == "ddp":  # torch DDP keeps its gloo group alive into interpreter shutdown, where it
+        sys.stdout.flush()  # can abort the process (pytorch/pytorch#190489): leave without a shutdown
+        os._exit(0)
 
 
 if __name__ == "__main__":
