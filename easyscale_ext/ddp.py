@@ -22,6 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+if dist.is_available() and not dist.is_initialized():
+    # torch.distributed.nn binds `group=group.WORLD` defaults when first imported (torch.compile
+    # and use_deterministic_algorithms import it): imported once a group exists, it would keep
+    # that group alive into interpreter shutdown, which destroy_process_group() must prevent.
+    import torch.distributed.nn  # noqa: F401
+
 from . import determinism, rng
 from ._C import ContextStore
 from .data import VirtualDataLoader

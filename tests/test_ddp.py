@@ -5,14 +5,13 @@ compares a SHA-256 over parameters, buffers and optimizer state after two
 epochs of three steps with the single-process pure-PyTorch reference.
 """
 import functools
-import weakref
+import subprocess
+import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch import nn
 
-from easyscale_ext import EasyScaleDDP, determinism
+from easyscale_ext import determinism
 from jobs import run_job
 
 
@@ -113,19 +112,29 @@ def test_sync_batchnorm_with_several_workers_per_process_fails_clearly():
 
 
 def test_destroy_process_group_ends_the_group_while_easyscale_ddp_lives(tmp_path):
-    # A gloo group alive at interpreter shutdown can abort the process there (pytorch/pytorch#190489);
-    # destroying the group must end it, as the user's script calls it before exiting.
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2)
-        for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
-            ddp(x).sum().backward()
-        group = weakref.ref(ddp.process_group)
-    finally:
-        dist.destroy_process_group()
-    assert group() is None
-    with pytest.raises(RuntimeError, match="process group was destroyed"):
-        ddp.process_group
+    # A gloo group alive at interpreter shutdown can abort the process there (pytorch/pytorch#190489),
+    # so the script's destroy_process_group() must end it. D1 imports torch.distributed.nn (through
+    # use_deterministic_algorithms) after the group exists: a fresh interpreter sees that.
+    script = f"""
+import weakref, torch, torch.distributed as dist
+from torch import nn
+from easyscale_ext import EasyScaleDDP
+dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=0, world_size=1)
+ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2, determinism_level="D1")
+for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
+    ddp(x).sum().backward()
+group = weakref.ref(ddp.process_group)
+dist.destroy_process_group()
+print("alive" if group() is not None else "destroyed")
+try:
+    ddp.process_group
+except RuntimeError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["destroyed", "this EasyScaleDDP's process group was destroyed; to go on "
+                                       "training, create a new one and call reconfigure() with it"]
 
 
 
