@@ -175,8 +175,10 @@ def main():
         spec = json.loads(args.child)
         fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair}[spec[0]]
         print(json.dumps(fn(*spec[1:])), flush=True)
-        if spec[1] == "ddp":  # torch DDP keeps its gloo group alive into interpreter shutdown, where it
-            os._exit(0)       # can abort the process (pytorch/pytorch#190489): leave without a shutdown
+        if spec[:2] == ["pair", "ddp"]:
+            # Torch DDP keeps its gloo group alive into interpreter shutdown, where it can abort
+            # the process (pytorch/pytorch#190489): leave without a shutdown.
+            os._exit(0)
         return
     from easyscale_ext import determinism
 
