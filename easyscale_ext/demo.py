@@ -156,6 +156,7 @@ def parse_schedule(text: str, n: int) -> List[List[int]]:
 
 
 def progress(metrics_path: str, total: int, label: str, proc) -> None:
+    shown = None
     while proc.poll() is None:
         time.sleep(0.2)
         lines = open(metrics_path).read().splitlines() if os.path.exists(metrics_path) else []
@@ -163,7 +164,10 @@ def progress(metrics_path: str, total: int, label: str, proc) -> None:
             last = json.loads(lines[-1])
             done = last["step"]
             bar = "#" * int(30 * done / total)
-            print(f"\r  {label:8s} [{bar:<30s}] step {done:4d}/{total} P={last['procs']}", end="", flush=True)
+            text = f"  {label:8s} [{bar:<30s}] step {done:4d}/{total} P={last['procs']}"
+            if text != shown:  # redraw on change only, so a log of the output stays short
+                print("\r" + text, end="", flush=True)
+                shown = text
     print()
 
 
