@@ -125,8 +125,9 @@ class EasyScaleDDP(nn.Module):
             return None
         group = self._group()
         if group is None:
-            raise RuntimeError("this EasyScaleDDP's process group was destroyed; to go on training, create a "
-                               "new one and call reconfigure() with it")
+            raise RuntimeError("this EasyScaleDDP's process group was destroyed (it is held weakly: keep a "
+                               "reference to a group you built outside torch.distributed's registry); to go "
+                               "on training, create a new one and call reconfigure() with it")
         return group
 
     @process_group.setter
