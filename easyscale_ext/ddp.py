@@ -83,6 +83,8 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"virtual_world_size must be >= 1, got {virtual_world_size}")
         self.world_size = virtual_world_size
         self.num_threads = num_threads
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._place((process_group or dist.group.WORLD) if distributed else None, virtual_ranks)
         self._buffer_list = list(module.buffers())  # fixed at construction, like DDP's
         self.device = next(module.parameters()).device
@@ -90,9 +92,6 @@ class EasyScaleDDP(nn.Module):
         determinism.apply(self.determinism_level, num_threads, self._cuda)
         if distributed and init_sync:
             self.broadcast_state(src=0)
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self._param_names = {id(p): n for n, p in module.named_parameters()}
-        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, find_unused_parameters)
         self.store = ContextStore(context_capacity_bytes, torch.get_num_threads())
         self._location = "pinned" if self._cuda else "host"
         # Every virtual worker starts from the process's RNG, as every DDP rank starts from one seed.
@@ -135,7 +134,8 @@ class EasyScaleDDP(nn.Module):
         self._group = weakref.ref(group) if group is not None else None
 
     def _place(self, process_group, virtual_ranks) -> None:
-        """Fix the process group and this process's virtual ranks, checked with every other process."""
+        """Fix the process group and this process's virtual ranks, checked with every other process,
+        and plan the gradient reduction for that placement."""
         self.process_group = process_group
         procs = dist.get_world_size(process_group) if process_group is not None else 1
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
@@ -151,6 +151,8 @@ class EasyScaleDDP(nn.Module):
         if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
                              "would mix workers): use plain BatchNorm layers, or one virtual worker per process")
+        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank,
+                                        self.find_unused_parameters)
 
     def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
         """Move to a new process group between steps (a scale event): every member calls it.
@@ -161,7 +163,6 @@ class EasyScaleDDP(nn.Module):
         if self._in_step:
             raise RuntimeError("reconfigure between steps only")
         self._place(process_group, virtual_ranks)
-        self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank, self.find_unused_parameters)
         for v in list(self.store.workers()):
             if v >= 0 and v not in self.local_ranks:
                 self.store.erase(v)

@@ -138,8 +138,6 @@ except RuntimeError as e:
     assert error.startswith("this EasyScaleDDP's process group was destroyed") and "reconfigure()" in error
 
 
-
-
 @pytest.mark.parametrize("model", ["cnn", "transformer"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
