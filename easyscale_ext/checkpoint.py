@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 MAGIC = b"EASYSCALE-CKPT-1\n"
-FORMAT = 1
+FORMAT = 2
 _NAME = re.compile(r"^step-(\d{10})\.ckpt$")
 
 
@@ -104,6 +104,7 @@ class Checkpointer:
                 "format": FORMAT,
                 "virtual_world_size": self.ddp.world_size,
                 "determinism_level": self.ddp.determinism_level,
+                "isa": self.ddp.isa,
                 "broadcast_buffers": self.ddp.broadcast_buffers,
                 "fingerprint": self.ddp.fingerprint(),
                 "model": self.ddp.module.state_dict(),
@@ -152,6 +153,9 @@ class Checkpointer:
         if state["determinism_level"] != ddp.determinism_level:
             raise CheckpointError(f"{path} was written at determinism {state['determinism_level']}, this job "
                                   f"runs {ddp.determinism_level}: resume with the same level")
+        if state["isa"] != ddp.isa:
+            raise CheckpointError(f"{path} was written by a D2 job held to {state['isa']}, this job is held to "
+                                  f"{ddp.isa}: resume with isa={state['isa']!r} (easyscale run --isa)")
         if state["broadcast_buffers"] != ddp.broadcast_buffers:
             raise CheckpointError(f"{path} was written with broadcast_buffers={state['broadcast_buffers']}: "
                                   "resume with the same setting")

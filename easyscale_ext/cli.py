@@ -32,7 +32,10 @@ def run(args) -> int:
     if not script:
         raise SystemExit("easyscale run: give the training script after --, e.g. "
                          "easyscale run --procs 2 -- train.py --epochs 3")
-    env = dict(os.environ, **determinism.environment(args.level))
+    try:
+        env = dict(os.environ, **determinism.environment(args.level, args.isa))
+    except ValueError as e:
+        raise SystemExit(f"easyscale run: {e}")
     launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env)
     print(f"easyscale: job store at {launcher.address}; scale with "
           f"`easyscale scale --store {launcher.address} --procs N`", flush=True)
@@ -54,9 +57,11 @@ def demo(args) -> int:
     import os
 
     from . import demo as demo_module
+    from . import determinism
 
     try:
         demo_module.parse_schedule(args.schedule, args.n)
+        determinism.job_isa(args.level, args.isa)
     except ValueError as e:
         raise SystemExit(f"easyscale demo: {e}")
     if args.fixed_procs > args.n:
@@ -102,6 +107,18 @@ def level(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e))
 
 
+def isa(text: str) -> str:
+    from .determinism import parse_isa
+
+    try:
+        return parse_isa(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+ISA_HELP = "D2's instruction-set floor for every process: AVX2 (default), AVX or SSE4.1"
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -122,12 +139,14 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=positive, default=4, help="epochs (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--level", default="D1", type=level, help="determinism level D0, D1 or D2 (default D1)")
+    p.add_argument("--isa", type=isa, help=ISA_HELP)
     p.add_argument("--out", default="easyscale-demo", help="output folder (default ./easyscale-demo)")
     p.set_defaults(run=demo)
     p = sub.add_parser("run", help="run a training script as an elastic job on local processes")
     p.add_argument("--procs", type=positive, required=True, help="processes to start with")
     p.add_argument("--level", default="D0", type=level,
                    help="determinism level: sets the environment it needs (default D0)")
+    p.add_argument("--isa", type=isa, help=ISA_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address the job store binds to (default: loopback)")
     p.add_argument("--port", type=int, default=0, help="job store port (default: any free port)")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")

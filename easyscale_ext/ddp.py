@@ -56,8 +56,8 @@ class EasyScaleDDP(nn.Module):
                  check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
                  device_mesh=None, *, virtual_world_size: Optional[int] = None,
-                 virtual_ranks: Optional[Tuple[int, int]] = None, determinism_level="D0", num_threads: int = 1,
-                 context_capacity_bytes: int = 8 << 30):
+                 virtual_ranks: Optional[Tuple[int, int]] = None, determinism_level="D0", isa: Optional[str] = None,
+                 num_threads: int = 1, context_capacity_bytes: int = 8 << 30):
         super().__init__()
         for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
@@ -75,6 +75,7 @@ class EasyScaleDDP(nn.Module):
         # bucket_cap_mb and static_graph (one flat exchange per dtype, planned at
         # construction).
         self.determinism_level = determinism.parse(determinism_level)
+        self.isa = determinism.job_isa(self.determinism_level, isa)
 
         distributed = dist.is_available() and dist.is_initialized()
         if virtual_world_size is None:
@@ -89,7 +90,7 @@ class EasyScaleDDP(nn.Module):
         self._buffer_list = list(module.buffers())  # fixed at construction, like DDP's
         self.device = next(module.parameters()).device
         self._cuda = self.device.type == "cuda"
-        determinism.apply(self.determinism_level, num_threads, self._cuda)
+        determinism.apply(self.determinism_level, num_threads, self._cuda, self.isa)
         if distributed and init_sync:
             self.broadcast_state(src=0)
         self.store = ContextStore(context_capacity_bytes, torch.get_num_threads())
@@ -144,7 +145,7 @@ class EasyScaleDDP(nn.Module):
                              "every process needs at least one virtual worker: raise virtual_world_size or "
                              "start fewer processes")
         mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
-        setting = (self.world_size, self.determinism_level, self.num_threads, self.broadcast_buffers,
+        setting = (self.world_size, self.determinism_level, self.isa, self.num_threads, self.broadcast_buffers,
                    [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
         self.ranges = self._agree(setting, mine, procs)
         self.local_ranks = list(range(*self.ranges[self.rank]))
@@ -181,7 +182,7 @@ class EasyScaleDDP(nn.Module):
                                  f"on rank {r}; every process must pass the same N")
             if theirs != setting:
                 raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
-                                 "(determinism level, num_threads, broadcast_buffers or model parameters); "
+                                 "(determinism level, D2's isa, num_threads, broadcast_buffers or model parameters); "
                                  "start every process with the same arguments")
         ranges = [tuple(m) for _, m in gathered]
         at = 0

@@ -183,7 +183,7 @@ def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total:
             str(args.epochs), "--seed", str(args.seed), "--level", args.level, "--out", args.out]
     from . import determinism
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level))
+    env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level, args.isa))
     launcher = ElasticLauncher(argv, procs, env=env, log_dir=os.path.join(args.out, "logs"))
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("code", launcher.run(timeout_s=1800)))

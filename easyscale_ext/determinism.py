@@ -1,25 +1,52 @@
-"""Determinism levels, one job-wide setting.
+"""Determinism levels and D2's instruction-set floor, job-wide settings.
 
 D0  consistent data order, RNG streams and gradient reduction (always on).
 D1  D0 + deterministic kernels (torch.use_deterministic_algorithms, cuDNN
     deterministic and no autotuning, CUBLAS_WORKSPACE_CONFIG) and one fixed
     intra-op thread count on every process (conv weight gradients change bits
     with the thread count on CPU).
-D2  D1 + the same instruction set on every process: oneDNN and MKL capped at
-    AVX2 on CPU (ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS), which must be in
-    the environment before they initialise, i.e. before Python starts: launch
-    with `environment(level)` merged into the environment.
+D2  D1 + one instruction set on every process: oneDNN, MKL and ATen's vector
+    kernels capped at the job's floor `isa` (default AVX2; AVX and SSE4.1
+    accepted) through ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
+    ATEN_CPU_CAPABILITY, which the libraries read once: they must be in the
+    environment before Python starts, so launch with `environment("D2", isa)`
+    merged into it (`easyscale run --level D2 --isa ...` does). A CPU below the
+    floor cannot run the job and fails at start.
     GPU: D2 covers the same GPU model, driver, CUDA, cuDNN and cuBLAS versions
     on every process; it does not make different GPU architectures agree
     (kernels and their reduction orders are chosen per architecture).
 """
 import os
-from typing import Dict
+from typing import Dict, Optional, Set
 
 import torch
 
 LEVELS = ("D0", "D1", "D2")
-ISA_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+ISAS = ("SSE4.1", "AVX", "AVX2", "AVX512")  # lowest first
+DEFAULT_ISA = "AVX2"
+FLOORS = ISAS[:3]  # D2 can hold a job to these (AVX-512 CPUs are too rare in mixed fleets to be a floor)
+ISA_ENV = "EASYSCALE_ISA"  # the job's floor, for EasyScaleDDP built without isa=
+
+# What each floor caps. ATen has no AVX kernels, so below AVX2 it runs its plain ones;
+# MKL's lowest x86-64 code path is SSE4.2.
+_CAPS = {
+    "SSE4.1": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default"},
+    "AVX": {"ONEDNN_MAX_CPU_ISA": "AVX", "MKL_ENABLE_INSTRUCTIONS": "AVX", "ATEN_CPU_CAPABILITY": "default"},
+    "AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+}
+# The CPU flags (as /proc/cpuinfo names them) each level needs.
+_FLAGS = {
+    "SSE4.1": {"sse4_1", "sse4_2"},
+    "AVX": {"avx"},
+    "AVX2": {"avx2", "fma"},
+    "AVX512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+}
+# Values of the cap variables, read back as the highest level they allow.
+_CAP_LEVEL = {
+    "ONEDNN_MAX_CPU_ISA": {"SSE41": "SSE4.1", "AVX": "AVX", "AVX2": "AVX2"},
+    "MKL_ENABLE_INSTRUCTIONS": {"SSE4_2": "SSE4.1", "AVX": "AVX", "AVX2": "AVX2"},
+    "ATEN_CPU_CAPABILITY": {"default": "AVX", "avx2": "AVX2"},
+}
 
 
 def parse(level) -> str:
@@ -31,30 +58,108 @@ def parse(level) -> str:
     return text
 
 
-def environment(level) -> Dict[str, str]:
+def parse_isa(isa) -> str:
+    text = str(isa).upper().replace("_", ".")
+    text = {"SSE41": "SSE4.1", "SSE4": "SSE4.1"}.get(text, text)
+    if text not in FLOORS:
+        raise ValueError(f"unknown instruction-set floor {isa!r}: use one of {', '.join(FLOORS)}")
+    return text
+
+
+def job_isa(level, isa=None) -> Optional[str]:
+    """The job's instruction-set floor: D2's `isa` (default $EASYSCALE_ISA, else AVX2); None below D2."""
+    if parse(level) != "D2":
+        if isa is not None:
+            raise ValueError(f"isa={isa!r} applies to determinism D2 only; drop it or run at D2")
+        return None
+    return parse_isa(isa or os.environ.get(ISA_ENV) or DEFAULT_ISA)
+
+
+def isa_caps(isa: str) -> Dict[str, str]:
+    """The environment that caps oneDNN, MKL and ATen at `isa` (also how tests emulate an older CPU)."""
+    return dict(_CAPS[parse_isa(isa)])
+
+
+def environment(level, isa=None) -> Dict[str, str]:
     """Variables a launcher must set before starting each process."""
     level = parse(level)
+    floor = job_isa(level, isa)
     env = {}
     if level in ("D1", "D2"):
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if level == "D2":
-        env.update(ISA_CAP)
+    if floor is not None:
+        env.update(isa_caps(floor))
+        env[ISA_ENV] = floor
     return env
 
 
-def apply(level, num_threads: int, cuda: bool) -> None:
-    """Configure this process for `level`; raises if the environment is missing what it needs."""
+def cpu_flags() -> Optional[Set[str]]:
+    """This CPU's feature flags, or None where /proc/cpuinfo does not list them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_isa(flags: Optional[Set[str]] = None) -> Optional[str]:
+    """The highest level of ISAS this CPU supports; None if unknown or below SSE4.1."""
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:
+        return None
+    supported = [isa for isa in ISAS if _FLAGS[isa] <= flags]
+    return supported[-1] if supported else None
+
+
+def native_isa(env=None) -> Optional[str]:
+    """The level kernels run at here: the CPU's, lowered to any cap already in the environment
+    (so a run pinned to AVX2 counts as an AVX2 machine)."""
+    env = os.environ if env is None else env
+    levels = [cpu_isa()]
+    levels += [_CAP_LEVEL[k].get(env[k]) for k in _CAP_LEVEL if k in env]
+    known = [lvl for lvl in levels if lvl is not None]
+    return min(known, key=ISAS.index) if known else None
+
+
+def isa_below(isa: Optional[str]) -> Optional[str]:
+    """The next lower level (an older machine to emulate), or None if there is none."""
+    if isa is None or ISAS.index(isa) == 0:
+        return None
+    return ISAS[ISAS.index(isa) - 1]
+
+
+def check_cpu(isa: str, flags: Optional[Set[str]] = None) -> None:
+    """Raise if this CPU cannot run the floor `isa` (nothing to check where its flags are unknown)."""
+    flags = cpu_flags() if flags is None else flags
+    if flags is None or _FLAGS[isa] <= flags:
+        return
+    have = cpu_isa(flags)
+    choice = f"--isa {have} (or lower)" if have in FLOORS else "a machine with SSE4.1 or better"
+    raise RuntimeError(f"determinism D2 holds this job to {isa}, but this CPU lacks "
+                       f"{', '.join(sorted(_FLAGS[isa] - flags))}: run the whole job with {choice}")
+
+
+def apply(level, num_threads: int, cuda: bool, isa: Optional[str] = None) -> None:
+    """Configure this process for `level` (and D2's floor `isa`); raises if the environment lacks
+    what it needs or the CPU is below the floor."""
     level = parse(level)
     if level == "D0":
         return
-    needed = environment(level)
+    if level == "D2":
+        check_cpu(isa)
+    needed = environment(level, isa)
+    needed.pop(ISA_ENV, None)
     if not cuda:
         needed.pop("CUBLAS_WORKSPACE_CONFIG")
     missing = {k: v for k, v in needed.items() if os.environ.get(k) != v}
     if missing:
         settings = " ".join(f"{k}={v}" for k, v in missing.items())
         raise RuntimeError(f"determinism {level} needs {settings} in the environment before Python starts "
-                           f"(oneDNN, MKL and cuBLAS read them once); launch with `easyscale run` or export them")
+                           f"(oneDNN, MKL, ATen and cuBLAS read them once); launch with `easyscale run` or "
+                           f"export determinism.environment({level!r}{', isa=' + repr(isa) if isa else ''})")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False

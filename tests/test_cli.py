@@ -42,6 +42,9 @@ def test_every_command_has_help():
     (["demo", "--level", "D7"], "unknown determinism level"),
     (["demo", "--out", "/proc/easyscale-demo"], "cannot write to output folder"),
     (["run", "--procs", "1", "--level", "fast", "--", "x.py"], "unknown determinism level"),
+    (["run", "--procs", "1", "--level", "D2", "--isa", "AVX9", "--", "x.py"], "unknown instruction-set floor"),
+    (["run", "--procs", "1", "--level", "D1", "--isa", "AVX", "--", "x.py"], "applies to determinism D2 only"),
+    (["demo", "--isa", "SSE4.1"], "applies to determinism D2 only"),
 ])
 def test_demo_and_run_argument_errors(args, message):
     out = easyscale(*args)

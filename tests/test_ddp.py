@@ -16,8 +16,9 @@ from jobs import run_job
 
 
 @functools.lru_cache(maxsize=None)
-def reference(model="cnn", n=4, level="D0", isa_cap=False, accumulate=1):
-    env = dict(determinism.environment(level), **(determinism.ISA_CAP if isa_cap else {}))
+def reference(model="cnn", n=4, level="D0", isa=None, accumulate=1):
+    """The single-process reference; `isa` caps its kernels at that level (an older machine)."""
+    env = dict(determinism.environment(level), **(determinism.isa_caps(isa) if isa else {}))
     return run_job("reference", n=n, model=model, level=level, accumulate=accumulate, env_per_rank=[env])
 
 
@@ -72,28 +73,66 @@ def test_n1_equals_plain_training():
 
 
 D1 = determinism.environment("D1")
-OLD_MACHINE = dict(D1, **determinism.ISA_CAP)  # emulates an AVX2-only machine
+# The emulated older machine: one instruction-set level below the one kernels run at here.
+NATIVE = determinism.native_isa()
+OLDER = determinism.isa_below(NATIVE)
+needs_older = pytest.mark.skipif(OLDER is None, reason=f"no instruction-set level below this CPU's ({NATIVE}) "
+                                                       "to emulate an older machine with")
 
 
 def test_d1_matches_reference_with_deterministic_kernels():
     assert run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, D1]) == reference(level="D1")
 
 
+@needs_older
 def test_d1_differs_across_instruction_sets():
-    mixed = run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, OLD_MACHINE])
+    old_machine = dict(D1, **determinism.isa_caps(OLDER))
+    mixed = run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, old_machine])
     assert mixed != reference(level="D1")
-    assert mixed != reference(level="D1", isa_cap=True)
+    assert mixed != reference(level="D1", isa=OLDER)
 
 
+@needs_older
 def test_d2_agrees_across_instruction_sets():
-    d2 = determinism.environment("D2")
-    mixed = run_job("easyscale", procs=2, n=4, level="D2", env_per_rank=[d2, OLD_MACHINE])
-    assert mixed == reference(level="D2", isa_cap=True)
+    # A process on this CPU held to the older machine's floor computes the older machine's bits.
+    d2 = determinism.environment("D2", isa=OLDER)
+    old_machine = dict(d2, **determinism.isa_caps(OLDER))
+    mixed = run_job("easyscale", procs=2, n=4, level="D2", env_per_rank=[d2, old_machine])
+    assert mixed == reference(level="D2", isa=OLDER)
+    assert mixed != reference(level="D1")  # the floor took effect here: the test can fail
 
 
 def test_d2_without_its_environment_fails_clearly():
+    unset = dict(D1, **{k: "" for k in determinism.isa_caps("AVX2")})  # also where the caller pinned them
     with pytest.raises(RuntimeError, match="ONEDNN_MAX_CPU_ISA=AVX2"):
-        run_job("easyscale", procs=1, n=2, level="D2", env_per_rank=[D1])
+        run_job("easyscale", procs=1, n=2, level="D2", env_per_rank=[unset])
+
+
+def test_d2_floor_differing_between_processes_fails_clearly():
+    cpu = determinism.cpu_isa()
+    floors = [f for f in determinism.FLOORS if cpu and determinism.ISAS.index(f) <= determinism.ISAS.index(cpu)]
+    if len(floors) < 2:
+        pytest.skip(f"needs two D2 floors this CPU ({cpu}) can run")
+    envs = [determinism.environment("D2", isa=floors[-1]), determinism.environment("D2", isa=floors[-2])]
+    with pytest.raises(RuntimeError, match="different job setting"):
+        run_job("easyscale", procs=2, n=2, level="D2", env_per_rank=envs)
+
+
+def test_d2_floor_above_the_cpu_fails_clearly():
+    with pytest.raises(RuntimeError, match=r"holds this job to AVX2, but this CPU lacks avx2, fma: "
+                                           r"run the whole job with --isa AVX \(or lower\)"):
+        determinism.check_cpu("AVX2", flags={"sse4_1", "sse4_2", "avx"})
+    determinism.check_cpu("AVX2", flags={"sse4_1", "sse4_2", "avx", "avx2", "fma"})
+
+
+def test_native_isa_counts_environment_caps():
+    cpu = determinism.cpu_isa()
+    if cpu is None:
+        pytest.skip("this CPU's flags are unknown")
+    assert determinism.native_isa({}) == cpu
+    below = determinism.isa_below(cpu)
+    if below in determinism.FLOORS:
+        assert determinism.native_isa(determinism.isa_caps(below)) == below
 
 
 def test_fewer_virtual_workers_than_processes_fails_clearly():
