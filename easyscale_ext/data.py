@@ -5,7 +5,7 @@ process or DataLoader worker ran it."""
 import hashlib
 import math
 import random
-from typing import Iterator, List, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -95,11 +95,12 @@ class VirtualDataLoader:
     shuffle, seed, drop_last) with set_epoch would give it, batched by
     batch_size (the last batch may be short unless drop_last_batch). Extra
     DataLoader arguments (num_workers, collate_fn, pin_memory, ...) pass through.
+    `on_epoch_start()` runs when a pass over an epoch begins at its first step.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, local_ranks: Sequence[int],
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, drop_last_batch: bool = False,
-                 **dataloader_kwargs):
+                 *, on_epoch_start: Optional[Callable[[], None]] = None, **dataloader_kwargs):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for bad in ("sampler", "batch_sampler", "shuffle", "batch_size", "drop_last"):
@@ -112,6 +113,7 @@ class VirtualDataLoader:
         self.shuffle, self.seed, self.drop_last, self.drop_last_batch = shuffle, seed, drop_last, drop_last_batch
         self.epoch = 0
         self.next_step = 0  # the data position: the next step of this epoch
+        self.on_epoch_start = on_epoch_start
         # Its own generator: DataLoader draws a base seed per epoch, which must
         # not come out of (and shift) the virtual workers' RNG streams.
         dataloader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
@@ -139,6 +141,8 @@ class VirtualDataLoader:
 
     def __iter__(self) -> Iterator[List[Tuple[int, object]]]:
         self._iterator = None
+        if self.next_step == 0 and self.on_epoch_start is not None:
+            self.on_epoch_start()
         while self.next_step < len(self):
             if self._iterator is None:  # (re)start at the data position, e.g. after reassign()
                 self._iterator = iter(self._loader)

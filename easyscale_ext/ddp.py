@@ -206,6 +206,17 @@ class EasyScaleDDP(nn.Module):
     def _module_buffers(self) -> List[torch.Tensor]:
         return self._buffer_list
 
+    def _become(self, v: int) -> None:
+        """Make the process virtual worker v: its RNG streams and, unless broadcast, its buffers.
+
+        Between steps the process is its first virtual worker, as a DDP rank is its own: what
+        state_dict(), evaluation, checkpoints and randomness drawn outside the step see.
+        """
+        rng.restore(self.store.load(v, "rng"), self._cuda)
+        if self._module_buffers() and not self.broadcast_buffers:
+            self.store.restore(v, "buffers", self._module_buffers())
+        self._resident = v
+
     def _save(self, worker: int, name: str, tensors: List[torch.Tensor]) -> None:
         self.store.save(worker, name, tensors, self._location if any(t.is_cuda for t in tensors) else "host")
 
@@ -223,14 +234,10 @@ class EasyScaleDDP(nn.Module):
     def _switch_in(self, v: int) -> None:
         if v != self.local_ranks[self._folded]:
             raise RuntimeError(f"virtual worker {v} out of order: this step expects {self.local_ranks[self._folded]}")
-        if self._resident != v:
-            rng.restore(self.store.load(v, "rng"), self._cuda)
-            buffers = self._module_buffers()
-            if buffers and not self.broadcast_buffers:
-                self.store.restore(v, "buffers", buffers)
-            elif buffers and self._folded > 0:  # the step's first worker finds them in place
-                self.store.restore(_PROCESS, "step_buffers", buffers)
-            self._resident = v
+        if self._resident != v:  # not the step's first worker: that one is resident between steps
+            self._become(v)
+            if self._module_buffers() and self.broadcast_buffers:
+                self.store.restore(_PROCESS, "step_buffers", self._module_buffers())
         if len(self.local_ranks) > 1:  # alone in its process a worker accumulates like a DDP rank
             for p in self.params:
                 p.grad = None
@@ -263,12 +270,13 @@ class EasyScaleDDP(nn.Module):
         if self._sync:
             self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
         buffers = self._module_buffers()
-        if self.broadcast_buffers and buffers:
-            # Every process continues from virtual rank 0's buffers.
-            if self.rank == 0 and self._resident != 0:
-                self.store.restore(0, "buffers", buffers)
-            if self.process_group is not None:
-                self._broadcast(buffers, src=0)
+        first = self.local_ranks[0]
+        if self._resident != first:
+            if buffers and self.broadcast_buffers and first == 0:
+                self.store.restore(0, "buffers", buffers)  # rank 0 sends virtual rank 0's
+            self._become(first)
+        if self.broadcast_buffers and buffers and self.process_group is not None:
+            self._broadcast(buffers, src=0)  # every process continues from virtual rank 0's buffers
         self._in_step = False
 
     # -- contexts leaving and entering the process (checkpoints, scaling) ---------------
@@ -280,10 +288,10 @@ class EasyScaleDDP(nn.Module):
         """Every local virtual worker's context as bytes (RNG streams, and buffers unless broadcast)."""
         if self._in_step:
             raise RuntimeError(_OPEN_STEP)
-        if self._resident is not None:  # the resident worker's state lives in the process
-            self._save(self._resident, "rng", rng.capture(self._cuda))
-            if not self.broadcast_buffers and self._module_buffers():
-                self._save(self._resident, "buffers", self._module_buffers())
+        # the resident worker's state lives in the process
+        self._save(self._resident, "rng", rng.capture(self._cuda))
+        if not self.broadcast_buffers and self._module_buffers():
+            self._save(self._resident, "buffers", self._module_buffers())
         return {v: self.store.serialize(v) for v in self.local_ranks}
 
     def import_contexts(self, contexts: Dict[int, bytes]) -> None:
@@ -295,7 +303,7 @@ class EasyScaleDDP(nn.Module):
             if self.store.deserialize(contexts[v]) != v:
                 raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
         self._accumulating = {v for v in self.local_ranks if self.store.contains(v, "grads")}
-        self._resident = None
+        self._become(self.local_ranks[0])
 
     # -- user-facing ---------------------------------------------------------------
     def workers(self, step_batches: Iterable[Tuple[int, object]]) -> Iterator[object]:
@@ -351,6 +359,25 @@ class EasyScaleDDP(nn.Module):
 
     def data_loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                     **kwargs) -> VirtualDataLoader:
-        """A loader giving each of this process's virtual workers its DistributedSampler share."""
+        """A loader giving each of this process's virtual workers its DistributedSampler share.
+
+        Without a `generator`, a DataLoader draws its base seed from the global RNG at every pass
+        over the data: each virtual worker draws it from its own stream, as each DDP rank does.
+        """
+        draws = "generator" not in kwargs
         return VirtualDataLoader(dataset, batch_size, self.world_size, self.local_ranks, shuffle=shuffle,
-                                 seed=seed, drop_last=drop_last, **kwargs)
+                                 seed=seed, drop_last=drop_last,
+                                 on_epoch_start=self._draw_base_seeds if draws else None, **kwargs)
+
+    def _draw_base_seeds(self) -> None:
+        """torch.utils.data.DataLoader's base-seed draw, on every local virtual worker's CPU stream."""
+        for v in self.local_ranks:
+            if v == self._resident:
+                torch.empty((), dtype=torch.int64).random_()
+                continue
+            states = self.store.load(v, "rng")
+            stream = torch.Generator()
+            stream.set_state(states[0])
+            torch.empty((), dtype=torch.int64).random_(generator=stream)
+            states[0] = stream.get_state()
+            self._save(v, "rng", states)

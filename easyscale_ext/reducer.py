@@ -78,10 +78,12 @@ class CanonicalReducer:
                           for _ in range(top.max_slots)]
         self._zeros: Dict[int, torch.Tensor] = {}
         self.unused: List[str] = []
+        # Per bucket and parameter: whether any local worker of this step produced a gradient.
+        self.used = [[False] * len(b.params) for b in self.buckets]
 
-    def _grads(self, bucket: _Bucket, names: Dict[int, str]) -> List[torch.Tensor]:
+    def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
-        for p in bucket.params:
+        for k, p in enumerate(self.buckets[i].params):
             if p.grad is None:
                 if not self.find_unused:
                     self.unused.append(names.get(id(p), "?"))
@@ -90,12 +92,24 @@ class CanonicalReducer:
                     z = self._zeros[id(p)] = torch.zeros_like(p)
                 out.append(z)
             else:
+                self.used[i][k] = True
                 out.append(p.grad.contiguous())
         return out
 
+    def _used_by_any_worker(self, group) -> List[List[bool]]:
+        """Which parameters some virtual worker of the step used, agreed across processes (DDP's
+        globally-unused check): a parameter no worker used keeps grad None, so optimizers skip it."""
+        flags = torch.tensor([u for per_bucket in self.used for u in per_bucket], dtype=torch.int32,
+                             device=self.buckets[0].device)
+        if self.procs > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        flags = iter(flags.tolist())
+        self.used = [[False] * len(b.params) for b in self.buckets]
+        return [[bool(next(flags)) for _ in b.params] for b in self.buckets]
+
     def fold_worker(self, local_index: int, names: Dict[int, str]) -> None:
         """Fold the gradients now in param.grad as leaf `local_index` of this process."""
-        grads = [self._grads(b, names) for b in self.buckets]
+        grads = [self._grads(i, names) for i, _ in enumerate(self.buckets)]
         if self.unused:
             unused, self.unused = self.unused, []
             raise RuntimeError(f"parameters {unused[:5]} received no gradient in this virtual worker's backward; "
@@ -109,6 +123,7 @@ class CanonicalReducer:
 
     def finish(self, group, gradient_as_bucket_view: bool) -> None:
         """Complete the tree across the processes of `group` and write each param.grad."""
+        used = self._used_by_any_worker(group) if self.find_unused else None
         for i, bucket in enumerate(self.buckets):
             local = [self.slots[s][i] for s in self.root_slots]
             if self.procs == 1:
@@ -116,9 +131,11 @@ class CanonicalReducer:
             else:
                 reduced = self._exchange(group, i, bucket, local)
             views = bucket.views(reduced)
-            for p, g in zip(bucket.params, views):
-                grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
-                p.grad = grad
+            for k, (p, g) in enumerate(zip(bucket.params, views)):
+                if used is not None and not used[i][k]:
+                    p.grad = None
+                else:
+                    p.grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
 
     def _exchange(self, group, i: int, bucket: _Bucket, local: List[torch.Tensor]) -> torch.Tensor:
         c = bucket.chunk

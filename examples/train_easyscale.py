@@ -1,6 +1,8 @@
-"""The same job on 4 virtual workers, whatever the number of processes:
-`torchrun --nproc-per-node 2 examples/train_easyscale.py` (or 1, 2 or 4)."""
+"""The same job on N virtual workers (default 4), whatever the number of processes:
+`torchrun --nproc-per-node 2 examples/train_easyscale.py [N]` (1 to N processes). With N = 2 it
+prints the states examples/train_ddp.py prints on 2 processes."""
 import hashlib
+import sys
 
 import torch
 import torch.distributed as dist
@@ -15,7 +17,8 @@ torch.manual_seed(0)
 data = TensorDataset(torch.randn(512, 1, 8, 8), torch.randint(0, 10, (512,)))
 model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Dropout(0.1),
                       nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
-model = es.EasyScaleDDP(model, virtual_world_size=4, determinism_level="D1")
+model = es.EasyScaleDDP(model, virtual_world_size=int(sys.argv[1]) if len(sys.argv) > 1 else 4,
+                         determinism_level="D1")
 loader = model.data_loader(data, batch_size=16, shuffle=True, seed=0)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 

@@ -57,6 +57,33 @@ def test_unchanged_ddp_loop_with_one_virtual_worker_per_process_equals_torch_ddp
     assert run_job("easyscale", procs=2, n=2, model=model, implicit=1) == run_job("ddp", procs=2, n=2, model=model)
 
 
+@pytest.mark.parametrize("procs", [1, 2, 4])
+def test_unbroadcast_buffers_are_the_first_workers_on_every_placement(procs):
+    # Between steps a process holds its first virtual worker's buffers, as a DDP rank holds its own:
+    # rank 0's state_dict() (BatchNorm running stats) is virtual worker 0's whatever P is.
+    n2 = run_job("easyscale", procs=1, n=2, broadcast_buffers=0)
+    if procs <= 2:
+        assert run_job("easyscale", procs=procs, n=2, broadcast_buffers=0) == n2
+    else:
+        assert run_job("easyscale", procs=procs, n=4, broadcast_buffers=0) == \
+            run_job("easyscale", procs=1, n=4, broadcast_buffers=0)
+
+
+def test_unbroadcast_buffers_equal_torch_ddp_rank_0():
+    assert run_job("easyscale", procs=1, n=2, broadcast_buffers=0) == \
+        run_job("ddp", procs=2, n=2, broadcast_buffers=0)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_parameters_no_worker_used_keep_no_gradient(procs):
+    # AdamW leaves a parameter with grad None untouched, as torch DDP's find_unused_parameters does.
+    assert run_job("easyscale", procs=procs, n=4, model="branchy") == reference("branchy")
+
+
+def test_unused_parameters_match_torch_ddp():
+    assert run_job("easyscale", procs=1, n=2, model="branchy") == run_job("ddp", procs=2, n=2, model="branchy")
+
+
 @pytest.mark.parametrize("procs", [1, 2])
 def test_no_sync_accumulation_matches_reference(procs):
     # Every virtual worker keeps its own gradient partial across no_sync steps.

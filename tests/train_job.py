@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset, DistributedSampler, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from easyscale_ext.data import SeededSamples  # noqa: E402  (defines the per-sample seeds)
@@ -83,6 +83,24 @@ class TinyTransformer(nn.Module):
         return self.head(self.block(self.embed(x)))
 
 
+class Branchy(nn.Module):
+    """A data-dependent branch (some virtual workers use `extra`, some steps none) and a layer no
+    worker uses: with find_unused_parameters, as in DDP, an unused parameter keeps grad None."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(144, 16), nn.ReLU())
+        self.extra = nn.Linear(16, 16)
+        self.never = nn.Linear(16, 4)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.body(x)
+        if x.sum() > 0:
+            h = h + self.extra(h)
+        return self.head(h)
+
+
 def build(name, device, samples):
     torch.manual_seed(0)
     random.seed(0)
@@ -90,6 +108,9 @@ def build(name, device, samples):
     if name == "cnn":
         model = ConvNet().to(device)
         return model, Images(samples), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if name == "branchy":  # AdamW's weight decay would move a parameter that got a zero gradient
+        model = Branchy().to(device)
+        return model, Images(samples), torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     model = TinyTransformer().to(device)
     return model, Tokens(samples), torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -128,6 +149,31 @@ def tree_sum(xs):
     return tree_sum(xs[:p]) + tree_sum(xs[p:])
 
 
+class KeyedSampler(DistributedSampler):
+    """DistributedSampler yielding (index, epoch, rank) keys for SeededSamples."""
+
+    def __iter__(self):
+        return ((i, self.epoch, self.rank) for i in super().__iter__())
+
+
+def run_loop(args, model, data, opt, replicas, rank):
+    """The plain DDP training loop, with torch's DataLoader (it draws a base seed from the global RNG
+    at every pass) over a DistributedSampler share."""
+    sampler = KeyedSampler(range(len(data)), num_replicas=replicas, rank=rank, shuffle=True, seed=SEED)
+    loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
+    micro = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            micro += 1
+            sync = micro % args.accumulate == 0
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss_of(model, batch).backward()
+            if sync:
+                opt.step()
+                opt.zero_grad()
+
+
 def batches_for(data, n, v, epoch, batch_size, step):
     sampler = DistributedSampler(range(len(data)), num_replicas=n, rank=v, shuffle=True, seed=SEED)
     sampler.set_epoch(epoch)
@@ -146,6 +192,10 @@ def run_reference(args, model, data, opt):
     pending = [[None] * len(list(model.parameters())) for _ in range(n)]  # gradients kept under no_sync
     micro = 0
     for epoch in range(args.epochs):
+        for v in range(n):  # each rank's DataLoader draws its base seed from the rank's stream
+            torch.set_rng_state(states[v][0])
+            torch.empty((), dtype=torch.int64).random_()
+            states[v] = (torch.get_rng_state(),) + states[v][1:]
         for step in range(args.steps):
             micro += 1
             start_buffers = copy.deepcopy(list(model.buffers()))
@@ -173,6 +223,9 @@ def run_reference(args, model, data, opt):
                 continue  # no_sync: nothing reduced, no optimizer step
             for i, p in enumerate(model.parameters()):
                 scale = torch.tensor(1.0 / n, dtype=torch.float32, device=DEVICE)
+                if all(g[i] is None for g in pending):
+                    p.grad = None  # no worker used it
+                    continue
                 p.grad = tree_sum([(g[i] if g[i] is not None else torch.zeros_like(p)) * scale for g in pending])
             pending = [[None] * len(pending[0]) for _ in range(n)]
             opt.step()
@@ -201,13 +254,10 @@ def run_easyscale(args, model, data, opt):
         ranges = (bounds[args.rank], bounds[args.rank + 1])
     n = args.n + 1 if (args.mismatch_n and args.rank == 1) else args.n
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
-                          num_threads=args.threads)
+                          num_threads=args.threads, broadcast_buffers=bool(args.broadcast_buffers),
+                          find_unused_parameters=args.model == "branchy")
     if args.implicit:  # one virtual worker per process: the unchanged DDP loop
-        for epoch in range(args.epochs):
-            for step in range(args.steps):
-                loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
-                opt.step()
-                opt.zero_grad()
+        run_loop(args, ddp, data, opt, args.procs, args.rank)
         return True
     loader = ddp.data_loader(data, batch_size=args.batch, shuffle=True, seed=SEED, num_workers=args.num_workers)
     ckpt = Checkpointer(args.ckpt_dir, ddp, opt, keep=args.ckpt_keep) if args.ckpt_dir else None
@@ -257,31 +307,20 @@ def run_easyscale(args, model, data, opt):
 
 
 def run_ddp(args, model, data, opt):
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[DEVICE] if DEVICE.type == "cuda" else None)
-    micro = 0
-    for epoch in range(args.epochs):
-        for step in range(args.steps):
-            micro += 1
-            sync = micro % args.accumulate == 0
-            with contextlib.nullcontext() if sync else ddp.no_sync():
-                loss_of(ddp, batches_for(data, args.procs, args.rank, epoch, args.batch, step)).backward()
-            if sync:
-                opt.step()
-                opt.zero_grad()
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[DEVICE] if DEVICE.type == "cuda" else None,
+                                              broadcast_buffers=bool(args.broadcast_buffers),
+                                              find_unused_parameters=args.model == "branchy")
+    run_loop(args, ddp, data, opt, args.procs, args.rank)
 
 
 def run_plain(args, model, data, opt):
-    for epoch in range(args.epochs):
-        for step in range(args.steps):
-            loss_of(model, batches_for(data, 1, 0, epoch, args.batch, step)).backward()
-            opt.step()
-            opt.zero_grad()
+    run_loop(args, model, data, opt, 1, 0)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
-    ap.add_argument("--model", choices=["cnn", "transformer"], default="cnn")
+    ap.add_argument("--model", choices=["cnn", "transformer", "branchy"], default="cnn")
     ap.add_argument("--virtual-workers", dest="n", type=int, default=4)  # not --n: torchrun would take it
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--procs", type=int, default=1)
@@ -295,6 +334,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--broadcast-buffers", type=int, default=1)
     ap.add_argument("--accumulate", type=int, default=1, help="reduce every this many steps (no_sync between)")
     ap.add_argument("--implicit", type=int, default=0, help="EasyScaleDDP in an unchanged DDP loop (P == N)")
     ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
