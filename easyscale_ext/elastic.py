@@ -75,6 +75,7 @@ class ElasticMember:
         self.generation = -1
         self.members: List[str] = []
         self.hooks: List[Callable[[ScaleEvent], None]] = []
+        self._published = False  # the job state joiners are checked against
         if not self.joining:
             self._enter(0)
 
@@ -98,10 +99,21 @@ class ElasticMember:
         self.hooks.append(hook)
 
     # -- joining ----------------------------------------------------------------------
-    def join(self, ddp, optimizer, scheduler=None) -> Position:
-        """For a joining process, once prepared: wait for admission, then adopt the job's state."""
+    def join(self, ddp, optimizer, scheduler) -> Position:
+        """For a joining process, once prepared: wait for admission, then adopt the job's state.
+
+        Takes what step_boundary() takes (scheduler None if the job has none); a joiner whose
+        optimizer or scheduler is not the members' kind fails here, before it is admitted.
+        """
         if not self.joining:
             raise RuntimeError("join() is for processes started to join a running job")
+        self.store.wait(["job_state"])  # published by rank 0 at its first step boundary
+        theirs, mine = json.loads(self.store.get("job_state")), _job_state(ddp, optimizer, scheduler)
+        differences = [f"{k}: {theirs[k]} in the job, {mine[k]} here" for k in theirs if theirs[k] != mine[k]]
+        if differences:
+            raise ValueError("this joining process does not hold the running job's state ("
+                             + "; ".join(differences) + "): build the same model, optimizer and LR scheduler "
+                             "as the members and pass them all: member.join(ddp, optimizer, scheduler)")
         self.store.set(f"ready/{self.id}", "1")
         self.store.add("ready_count", 1)
         self.store.set(f"ready_at/{int(self.store.add('ready_seq', 1))}", self.id)
@@ -129,6 +141,9 @@ class ElasticMember:
         """
         decision = [None]
         if self.rank == 0:
+            if not self._published:
+                self.store.set("job_state", json.dumps(_job_state(ddp, optimizer, scheduler)))
+                self._published = True
             decision[0] = self._decide(ddp.world_size)
             while block and decision[0] is None and self._pending():
                 time.sleep(0.01)
@@ -209,6 +224,13 @@ class ElasticMember:
             for hook in self.hooks:
                 hook(event)
         return position
+
+
+def _job_state(ddp, optimizer, scheduler) -> dict:
+    """The kinds of state step_boundary() carries to joiners, which a joiner must hold alike."""
+    return {"virtual_world_size": ddp.world_size, "optimizer": type(optimizer).__name__,
+            "parameter groups": [len(g["params"]) for g in optimizer.param_groups],
+            "LR scheduler": type(scheduler).__name__ if scheduler is not None else None}
 
 
 def init_process_group(backend: str = "gloo", timeout_s: float = 300.0) -> None:

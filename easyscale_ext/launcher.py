@@ -5,6 +5,7 @@ scale request asks for more than are running. Processes leave by themselves
 import json
 import os
 import subprocess
+import sys
 import time
 from datetime import timedelta
 from typing import Dict, List, Optional, Sequence
@@ -50,7 +51,7 @@ class ElasticLauncher:
         for _ in first:
             self._spawn(joining=False)
         deadline = time.monotonic() + timeout_s
-        killed = set()
+        killed, failed_joiners = set(), set()
         while any(c.poll() is None for c in self.children.values()):
             if time.monotonic() > deadline:
                 for c in self.children.values():
@@ -66,6 +67,15 @@ class ElasticLauncher:
                     self.children[w].wait()
                     killed.add(w)
                 break
+            for w, c in self.children.items():
+                if w not in members and w not in failed_joiners and c.poll() not in (None, 0) \
+                        and not self.store.check([f"admit/{w}"]):
+                    # Another joiner started the same way would fail the same way.
+                    failed_joiners.add(w)
+                    self.store.set("target", str(len(members)))
+                    log = f"; see {os.path.join(self.log_dir, w + '.log')}" if self.log_dir else ""
+                    print(f"easyscale: joining process {w} failed (exit code {c.returncode}) before it was "
+                          f"admitted; the job stays on {len(members)} processes{log}", file=sys.stderr, flush=True)
             for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
                 self._spawn(joining=True)
             time.sleep(0.05)

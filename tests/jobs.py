@@ -55,7 +55,8 @@ def run_elastic(procs: int, schedule: str, timeout: int = 300, **options) -> str
         code = launcher.run(timeout_s=timeout)
         logs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".log"))
         if code != 0 or not os.path.exists(out):
-            raise RuntimeError(f"elastic job failed ({code}):\n{logs}")
+            final = "a final state was written" if os.path.exists(out) else "no final state"
+            raise RuntimeError(f"elastic job failed ({code}, {final}):\n{logs}")
         with open(out) as f:
             return f.read()
 

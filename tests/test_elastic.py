@@ -42,6 +42,24 @@ def test_in_place_scaling_schedule_matches_fixed_placement(n, tmp_path):
     assert sorted(lines) == sorted(fixed_log.read_text().splitlines())
 
 
+def test_joiners_take_the_lr_scheduler_state():
+    # Joiners built as the README shows (member.join(ddp, optimizer, scheduler)) continue the
+    # members' StepLR count: the 1 -> 3 run ends equal to the fixed one.
+    fixed = run_job("easyscale", procs=2, n=4, scheduler=1)
+    assert run_elastic(1, "2:3", n=4, scheduler=1) == fixed
+    assert fixed != reference()  # the scheduler changes the result: the test can fail
+
+
+def test_joiner_without_the_jobs_scheduler_fails_clearly_and_the_job_goes_on(capfd):
+    with pytest.raises(RuntimeError) as failed:  # the launcher reports the joiner's exit code
+        run_elastic(1, "2:3", n=4, scheduler=1, join_scheduler=0)
+    log = str(failed.value)
+    assert "a final state was written" in log
+    assert "does not hold the running job's state (LR scheduler: StepLR in the job, None here)" in log
+    assert "member.join(ddp, optimizer, scheduler)" in log
+    assert "failed (exit code 1) before it was admitted; the job stays on 1 processes" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("n", [4, 8])
 def test_checkpoint_restart_schedule_matches_fixed_placement(n, tmp_path):
     for segment, procs in enumerate(SCHEDULE):

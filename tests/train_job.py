@@ -260,10 +260,12 @@ def run_easyscale(args, model, data, opt):
         run_loop(args, ddp, data, opt, args.procs, args.rank)
         return True
     loader = ddp.data_loader(data, batch_size=args.batch, shuffle=True, seed=SEED, num_workers=args.num_workers)
-    ckpt = Checkpointer(args.ckpt_dir, ddp, opt, keep=args.ckpt_keep) if args.ckpt_dir else None
+    # An LR scheduler whose count the in-place path must carry to joiners.
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if args.scheduler else None
+    ckpt = Checkpointer(args.ckpt_dir, ddp, opt, sched, keep=args.ckpt_keep) if args.ckpt_dir else None
     position = Position()
     if member is not None and member.joining:
-        position = member.join(ddp, opt)
+        position = member.join(ddp, opt, sched if args.join_scheduler else None)
         loader.reassign(ddp.local_ranks)
     elif ckpt is not None and args.resume:
         position = ckpt.resume()
@@ -285,6 +287,8 @@ def run_easyscale(args, model, data, opt):
             if sync:
                 opt.step()
                 opt.zero_grad()
+                if sched is not None:
+                    sched.step()
             step += 1
             here = Position(step, epoch, loader.next_step)
             if times:
@@ -298,7 +302,7 @@ def run_easyscale(args, model, data, opt):
             if member is not None:
                 if step in schedule and ddp.rank == 0:
                     member.store.set("target", str(schedule[step]))
-                if not member.step_boundary(ddp, opt, None, here, block=bool(args.block)):
+                if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block)):
                     return False
                 loader.reassign(ddp.local_ranks)
             if step == args.stop_after:
@@ -335,6 +339,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--broadcast-buffers", type=int, default=1)
+    ap.add_argument("--scheduler", type=int, default=0, help="step a StepLR after every optimizer step")
+    ap.add_argument("--join-scheduler", type=int, default=1, help="0: joiners pass no scheduler (an error case)")
     ap.add_argument("--accumulate", type=int, default=1, help="reduce every this many steps (no_sync between)")
     ap.add_argument("--implicit", type=int, default=0, help="EasyScaleDDP in an unchanged DDP loop (P == N)")
     ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
