@@ -90,6 +90,7 @@ def main():
         cmdclass={"build_ext": IncrementalBuildExt},
         python_requires=">=3.10",
         install_requires=["torch", "numpy"],
+        extras_require={"demo": ["scikit-learn", "matplotlib", "tqdm"], "sched": ["scipy", "matplotlib", "tqdm"]},
         entry_points={"console_scripts": ["easyscale=easyscale_ext.cli:main"]},
     )
 

@@ -156,19 +156,17 @@ def parse_schedule(text: str, n: int) -> List[List[int]]:
 
 
 def progress(metrics_path: str, total: int, label: str, proc) -> None:
-    shown = None
-    while proc.poll() is None:
-        time.sleep(0.2)
-        lines = open(metrics_path).read().splitlines() if os.path.exists(metrics_path) else []
-        if lines:
-            last = json.loads(lines[-1])
-            done = last["step"]
-            bar = "#" * int(30 * done / total)
-            text = f"  {label:8s} [{bar:<30s}] step {done:4d}/{total} P={last['procs']}"
-            if text != shown:  # redraw on change only, so a log of the output stays short
-                print("\r" + text, end="", flush=True)
-                shown = text
-    print()
+    """A tqdm bar over the steps the run's metrics file has recorded, while `proc` runs."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=f"  {label}", unit="step", initial=0, dynamic_ncols=True) as bar:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            lines = open(metrics_path).read().splitlines() if os.path.exists(metrics_path) else []
+            if lines:
+                last = json.loads(lines[-1])
+                bar.set_postfix_str(f"P={last['procs']}", refresh=False)
+                bar.update(last["step"] - bar.n)
 
 
 def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total: int) -> None:
