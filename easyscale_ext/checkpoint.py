@@ -110,6 +110,7 @@ class Checkpointer:
                 "model": self.ddp.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "freezer": self.ddp.freezer_state(),
                 "position": list(astuple(position)),
                 "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in merged.items()},
             }
@@ -139,6 +140,10 @@ class Checkpointer:
             if state["scheduler"] is None:
                 raise CheckpointError(f"{path} holds no LR scheduler state but this job has a scheduler")
             self.scheduler.load_state_dict(state["scheduler"])
+        try:
+            self.ddp.load_freezer_state(state["freezer"])
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
         self.ddp.import_contexts({v: state["contexts"][v].numpy().tobytes() for v in self.ddp.local_ranks})
         return Position(*state["position"])
 

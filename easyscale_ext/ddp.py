@@ -31,6 +31,7 @@ if dist.is_available() and not dist.is_initialized():
 from . import determinism, rng
 from ._C import ContextStore
 from .data import VirtualDataLoader
+from .freeze import Freezer
 from .reducer import CanonicalReducer
 
 _PROCESS = -1  # context-store worker id for process-level snapshots
@@ -57,7 +58,7 @@ class EasyScaleDDP(nn.Module):
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
                  device_mesh=None, *, virtual_world_size: Optional[int] = None,
                  virtual_ranks: Optional[Tuple[int, int]] = None, determinism_level="D0", isa: Optional[str] = None,
-                 num_threads: int = 1, context_capacity_bytes: int = 8 << 30):
+                 num_threads: int = 1, context_capacity_bytes: int = 8 << 30, freezer: Optional[Freezer] = None):
         super().__init__()
         for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
@@ -84,8 +85,10 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"virtual_world_size must be >= 1, got {virtual_world_size}")
         self.world_size = virtual_world_size
         self.num_threads = num_threads
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._trainable = [p for p in module.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in module.named_parameters()}
+        self.freezer = freezer
+        self._layer_of = freezer.bind(module, self._trainable) if freezer is not None else [-1] * len(self._trainable)
         self._place((process_group or dist.group.WORLD) if distributed else None, virtual_ranks)
         self._buffer_list = list(module.buffers())  # fixed at construction, like DDP's
         self.device = next(module.parameters()).device
@@ -108,7 +111,7 @@ class EasyScaleDDP(nn.Module):
         self._sync = True
         self._current: Optional[int] = None
         self._callback_queued = False
-        for p in self.params:
+        for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     # -- setup -----------------------------------------------------------------
@@ -145,15 +148,29 @@ class EasyScaleDDP(nn.Module):
                              "every process needs at least one virtual worker: raise virtual_world_size or "
                              "start fewer processes")
         mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
+        freezing = (type(self.freezer).__name__, self.freezer.frozen) if self.freezer is not None else None
         setting = (self.world_size, self.determinism_level, self.isa, self.num_threads, self.broadcast_buffers,
-                   [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
+                   freezing, [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
         self.ranges = self._agree(setting, mine, procs)
         self.local_ranks = list(range(*self.ranges[self.rank]))
         if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
                              "would mix workers): use plain BatchNorm layers, or one virtual worker per process")
+        self._plan()
+
+    def _plan(self) -> None:
+        """Plan the gradient reduction for this placement, over the parameters the freezer has not
+        frozen. A frozen parameter gets no gradient (backward stops before the frozen prefix), is not
+        exchanged, and keeps grad None so optimizers skip it; every process freezes at the same step."""
+        self.params = self._active_params()
+        kept = {id(p) for p in self.params}
+        for p in self._trainable:
+            if id(p) not in kept:
+                p.requires_grad_(False)
+                p.grad = None
         self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank,
                                         self.find_unused_parameters)
+        self._freeze_pending = False
 
     def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
         """Move to a new process group between steps (a scale event): every member calls it.
@@ -182,7 +199,7 @@ class EasyScaleDDP(nn.Module):
                                  f"on rank {r}; every process must pass the same N")
             if theirs != setting:
                 raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
-                                 "(determinism level, D2's isa, num_threads, broadcast_buffers or model parameters); "
+                                 "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer or model parameters); "
                                  "start every process with the same arguments")
         ranges = [tuple(m) for _, m in gathered]
         at = 0
@@ -226,6 +243,8 @@ class EasyScaleDDP(nn.Module):
             raise RuntimeError(_OPEN_STEP)
         self._in_step = True
         self._folded = 0
+        if self._freeze_pending:
+            self._plan()
         if len(self.local_ranks) > 1 and self.broadcast_buffers and self._module_buffers():
             self._save(_PROCESS, "step_buffers", self._module_buffers())
             # The first worker's forward updates these buffers in place: not before the copy is done.
@@ -269,6 +288,8 @@ class EasyScaleDDP(nn.Module):
     def _finish_step(self) -> None:
         if self._sync:
             self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
+            if self.freezer is not None:
+                self._freeze_pending = self.freezer.after_step(*self._reduced_grads_by_layer())
         buffers = self._module_buffers()
         first = self.local_ranks[0]
         if self._resident != first:
@@ -278,6 +299,33 @@ class EasyScaleDDP(nn.Module):
         if self.broadcast_buffers and buffers and self.process_group is not None:
             self._broadcast(buffers, src=0)  # every process continues from virtual rank 0's buffers
         self._in_step = False
+
+    # -- layer freezing ------------------------------------------------------------------------
+    def _active_params(self) -> List[nn.Parameter]:
+        frozen = self.freezer.frozen if self.freezer is not None else 0
+        return [p for p, layer in zip(self._trainable, self._layer_of) if not 0 <= layer < frozen]
+
+    def _reduced_grads_by_layer(self):
+        """Per dtype bucket: the reduced gradients and their layers (-1 where none, or unused)."""
+        layer = {id(p): i for p, i in zip(self._trainable, self._layer_of)}
+        grads, layers = [], []
+        for bucket in self.reducer.buckets:
+            grads.append([p.grad if p.grad is not None else p.detach() for p in bucket.params])
+            layers.append([layer[id(p)] if p.grad is not None else -1 for p in bucket.params])
+        return grads, layers
+
+    def freezer_state(self) -> Optional[dict]:
+        return self.freezer.state_dict() if self.freezer is not None else None
+
+    def load_freezer_state(self, state: Optional[dict]) -> None:
+        """Adopt a freezer state (checkpoint, scale event) and freeze its prefix at once."""
+        if (state is None) != (self.freezer is None):
+            raise ValueError("the saved job " + ("froze layers but this one has no freezer" if state is not None
+                                                 else "had no freezer but this one has") +
+                             ": build EasyScaleDDP with the same freezer= as the job that saved it")
+        if state is not None:
+            self.freezer.load_state_dict(state)
+            self._plan()
 
     # -- contexts leaving and entering the process (checkpoints, scaling) ---------------
     def fingerprint(self) -> list:

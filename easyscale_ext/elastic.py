@@ -200,13 +200,15 @@ class ElasticMember:
         # Rank 0 is a survivor: its model, buffers and optimizer state are the job's.
         ddp.process_group = dist.group.WORLD
         ddp.broadcast_state(src=0)
-        states = [(optimizer.state_dict(), scheduler.state_dict() if scheduler else None) if self.rank == 0 else None]
+        states = [(optimizer.state_dict(), scheduler.state_dict() if scheduler else None, ddp.freezer_state())
+                  if self.rank == 0 else None]
         dist.broadcast_object_list(states, src=0)  # pickles for us
         if self.rank != 0:
-            opt_state, sched_state = states[0]
+            opt_state, sched_state, freezer_state = states[0]
             optimizer.load_state_dict(opt_state)
             if scheduler is not None:
                 scheduler.load_state_dict(sched_state)
+            ddp.load_freezer_state(freezer_state)
         lo, hi = even_ranges(ddp.world_size, len(self.members))[self.rank]
         ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)})
         dist.barrier()
@@ -230,7 +232,8 @@ def _job_state(ddp, optimizer, scheduler) -> dict:
     """The kinds of state step_boundary() carries to joiners, which a joiner must hold alike."""
     return {"virtual_world_size": ddp.world_size, "optimizer": type(optimizer).__name__,
             "parameter groups": [len(g["params"]) for g in optimizer.param_groups],
-            "LR scheduler": type(scheduler).__name__ if scheduler is not None else None}
+            "LR scheduler": type(scheduler).__name__ if scheduler is not None else None,
+            "freezer": type(ddp.freezer).__name__ if ddp.freezer is not None else None}
 
 
 def init_process_group(backend: str = "gloo", timeout_s: float = 300.0) -> None:

@@ -253,9 +253,13 @@ def run_easyscale(args, model, data, opt):
         bounds = [int(x) for x in args.ranges.split(",")]
         ranges = (bounds[args.rank], bounds[args.rank + 1])
     n = args.n + 1 if (args.mismatch_n and args.rank == 1) else args.n
+    freezer = None
+    if args.freeze:  # a tight threshold, so layers freeze within the test's steps
+        from easyscale_ext.freeze import GradientNormFreezer
+        freezer = GradientNormFreezer(layers=getattr(model, "body", None), window=1, threshold=args.freeze)
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
                           num_threads=args.threads, broadcast_buffers=bool(args.broadcast_buffers),
-                          find_unused_parameters=args.model == "branchy")
+                          find_unused_parameters=args.model == "branchy", freezer=freezer)
     if args.implicit:  # one virtual worker per process: the unchanged DDP loop
         run_loop(args, ddp, data, opt, args.procs, args.rank)
         return True
@@ -306,8 +310,17 @@ def run_easyscale(args, model, data, opt):
                     return False
                 loader.reassign(ddp.local_ranks)
             if step == args.stop_after:
+                log_freezing(args, ddp)
                 return True
+    log_freezing(args, ddp)
     return True
+
+
+def log_freezing(args, ddp):
+    if args.log_freeze and ddp.rank == 0:
+        with open(args.log_freeze, "a") as f:  # the decisions, then the elements each process exchanges
+            f.writelines(f"{d.step} {d.layers}\n" for d in ddp.freezer.log)
+            f.write(f"exchanged {sum(b.numel for b in ddp.reducer.buckets)}\n")
 
 
 def run_ddp(args, model, data, opt):
@@ -339,6 +352,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--broadcast-buffers", type=int, default=1)
+    ap.add_argument("--freeze", type=float, default=0.0, help="freeze layers at this gradient-norm change")
+    ap.add_argument("--log-freeze", default="", help="append rank 0's freezing log and exchanged elements")
     ap.add_argument("--scheduler", type=int, default=0, help="step a StepLR after every optimizer step")
     ap.add_argument("--join-scheduler", type=int, default=1, help="0: joiners pass no scheduler (an error case)")
     ap.add_argument("--accumulate", type=int, default=1, help="reduce every this many steps (no_sync between)")
