@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--level", default="D1", type=level, help="determinism level D0, D1 or D2 (default D1)")
     p.add_argument("--isa", type=isa, help=ISA_HELP)
     p.add_argument("--out", default="easyscale-demo", help="output folder (default ./easyscale-demo)")
+    p.add_argument("--freeze", type=float, default=0.0, metavar="THRESHOLD",
+                   help="freeze converged layers (AutoFreeze's gradient-norm change below THRESHOLD, e.g. 0.1) "
+                        "and compare with the same fixed job unfrozen")
     p.set_defaults(run=demo)
     p = sub.add_parser("run", help="run a training script as an elastic job on local processes")
     p.add_argument("--procs", type=positive, required=True, help="processes to start with")

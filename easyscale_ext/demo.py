@@ -23,6 +23,7 @@ from torch.utils.data import TensorDataset
 
 
 BATCH = 16  # per virtual worker
+FREEZE_INTERVAL = 4  # optimizer steps between freezing evaluations
 
 
 # -- the training script ---------------------------------------------------------------
@@ -77,7 +78,11 @@ def worker(args) -> int:
     member = ElasticMember()
     torch.manual_seed(args.seed)
     net = model()
-    ddp = es.EasyScaleDDP(net, virtual_world_size=args.n, determinism_level=args.level)
+    freezer = None
+    if args.freeze:
+        from easyscale_ext.freeze import GradientNormFreezer
+        freezer = GradientNormFreezer(interval=FREEZE_INTERVAL, window=2, threshold=args.freeze)
+    ddp = es.EasyScaleDDP(net, virtual_world_size=args.n, determinism_level=args.level, freezer=freezer)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.02, momentum=0.9)
     train_set, test = digits()
     loader = ddp.data_loader(Augmented(train_set), batch_size=BATCH, shuffle=True, seed=args.seed)
@@ -109,7 +114,8 @@ def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, m
             opt.zero_grad()
             step += 1
             here = Position(step, epoch, loader.next_step)
-            record = {"step": step, "time": time.time(), "procs": dist.get_world_size()}
+            record = {"step": step, "time": time.time(), "procs": dist.get_world_size(),
+                      "frozen": ddp.freezer.frozen if ddp.freezer is not None else 0}
             if worker0_loss is not None:
                 record["loss"] = worker0_loss
             if loader.next_step == len(loader) and ddp.rank == 0:
@@ -141,6 +147,8 @@ def accuracy(net: nn.Module, test: TensorDataset) -> float:
 
 
 # -- the driver ----------------------------------------------------------------------------
+RUNS = ("elastic", "fixed", "unfrozen")
+
 def parse_schedule(text: str, n: int) -> List[List[int]]:
     """'1,2,4|3,1' -> segments of process counts; '|' is a restart from a checkpoint."""
     segments = []
@@ -178,7 +186,8 @@ def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total:
     metrics = os.path.join(args.out, f"{run}.jsonl")
     argv = [sys.executable, "-m", "easyscale_ext.demo", "--worker", "--run", run, "--metrics", metrics,
             "--requests", requests, "--stop-after", str(stop_after), "--n", str(args.n), "--epochs",
-            str(args.epochs), "--seed", str(args.seed), "--level", args.level, "--out", args.out]
+            str(args.epochs), "--seed", str(args.seed), "--level", args.level, "--out", args.out,
+            "--freeze", str(0.0 if run == "unfrozen" else args.freeze)]
     from . import determinism
 
     env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level, args.isa))
@@ -208,11 +217,11 @@ def demo(args) -> int:
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     if not os.access(args.out, os.W_OK):
         raise SystemExit(f"easyscale demo: output folder {args.out} is not writable")
-    for stale in ("elastic.jsonl", "fixed.jsonl", "elastic.sha256", "fixed.sha256"):
-        if os.path.exists(os.path.join(args.out, stale)):
-            os.unlink(os.path.join(args.out, stale))
     import shutil
-    for run in ("elastic", "fixed"):
+    for run in RUNS:
+        for stale in (f"{run}.jsonl", f"{run}.sha256"):
+            if os.path.exists(os.path.join(args.out, stale)):
+                os.unlink(os.path.join(args.out, stale))
         shutil.rmtree(os.path.join(args.out, f"checkpoints-{run}"), ignore_errors=True)
     total = steps_per_epoch(args.n) * args.epochs
     events = sum(len(s) for s in segments) - 1
@@ -230,12 +239,14 @@ def demo(args) -> int:
         stop = at if i < len(segments) - 1 else 0
         run_phase(args, "elastic", counts[0], ",".join(requests), stop, total)
     run_phase(args, "fixed", args.fixed_procs, "", 0, total)
+    if args.freeze:  # the same fixed job without freezing, for accuracy and time
+        run_phase(args, "unfrozen", args.fixed_procs, "", 0, total)
     return report(args, total)
 
 
 def report(args, total: int) -> int:
     runs = {}
-    for run in ("elastic", "fixed"):
+    for run in RUNS[:3 if args.freeze else 2]:
         records = [json.loads(line) for line in open(os.path.join(args.out, f"{run}.jsonl"))]
         runs[run] = records
         phases, start = [], 0
@@ -247,9 +258,13 @@ def report(args, total: int) -> int:
                 phases.append(f"P={seg[0]['procs']}: steps {seg[0]['step']}-{seg[-1]['step']}, {rate:.0f} samples/s")
                 start = i
         acc = [r["accuracy"] for r in records if "accuracy" in r]
-        print(f"  {run}: " + "; ".join(phases) + f"; final accuracy {acc[-1]:.3f}")
+        seconds = records[-1]["time"] - records[0]["time"]
+        print(f"  {run}: " + "; ".join(phases) + f"; {seconds:.1f} s; final accuracy {acc[-1]:.3f}")
+    for step, layers in freezing(runs["fixed"]):
+        print(f"  froze layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} after step {step} "
+              "(the same steps in the elastic run: see the verdict)")
     plot(args, runs)
-    digests = {run: open(os.path.join(args.out, f"{run}.sha256")).read() for run in runs}
+    digests = {run: open(os.path.join(args.out, f"{run}.sha256")).read() for run in ("elastic", "fixed")}
     print("SHA-256 of the final state (model, buffers, optimizer):")
     for run, digest in digests.items():
         print(f"  {run:<8} {digest}")
@@ -263,13 +278,23 @@ def report(args, total: int) -> int:
     return 1
 
 
+def freezing(records) -> List[Tuple[int, List[int]]]:
+    """(step, layers newly frozen after it) from a run's metrics."""
+    out, frozen = [], 0
+    for r in records:
+        if r["frozen"] > frozen:
+            out.append((r["step"], list(range(frozen, r["frozen"]))))
+            frozen = r["frozen"]
+    return out
+
+
 def plot(args, runs) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for run, style in (("elastic", "-"), ("fixed", "--")):
+    for run, style in zip(runs, ("-", "--", ":")):
         rec = runs[run]
         ax_loss.plot([r["step"] for r in rec], [r["loss"] for r in rec], style, label=run, linewidth=1)
         acc = [(r["step"], r["accuracy"]) for r in rec if "accuracy" in r]
@@ -281,6 +306,11 @@ def plot(args, runs) -> None:
                 ax.axvline(prev["step"] + 0.5, color="grey", alpha=0.4)
             ax_loss.annotate(f"P={cur['procs']}", (prev["step"] + 0.5, ax_loss.get_ylim()[1]), fontsize=8,
                              va="top")
+    for step, layers in freezing(runs["fixed"]):
+        for ax in (ax_loss, ax_acc):
+            ax.axvline(step + 0.5, color="tab:blue", alpha=0.4, linestyle=":")
+        ax_loss.annotate(f"froze {','.join(map(str, layers))}", (step + 0.5, ax_loss.get_ylim()[0]), fontsize=8,
+                         va="bottom", color="tab:blue")
     ax_loss.set(xlabel="step", ylabel="loss (virtual worker 0)", title="loss")
     ax_acc.set(xlabel="step", ylabel="test accuracy", title="accuracy (end of each epoch)")
     ax_loss.legend()
@@ -288,7 +318,7 @@ def plot(args, runs) -> None:
     fig.tight_layout()
     path = os.path.join(args.out, "demo.png")
     fig.savefig(path, dpi=100)
-    print(f"plot: {path} (grey lines: scale events of the elastic run)")
+    print(f"plot: {path} (grey lines: scale events of the elastic run; blue dotted: layers frozen)")
 
 
 def main(argv=None) -> int:
@@ -303,6 +333,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--level", default="D1")
     ap.add_argument("--out", default="out")
+    ap.add_argument("--freeze", type=float, default=0.0)
     args = ap.parse_args(argv)
     return worker(args)
 

@@ -55,8 +55,9 @@ def test_demo_and_run_argument_errors(args, message):
 
 def test_short_demo_is_bitwise_identical_and_plots(tmp_path):
     out = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "demo", "--epochs", "2", "--schedule", "1,2|2",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                          "--freeze", "0.3", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdict: bitwise identical" in out.stdout
+    assert "froze layer" in out.stdout and "unfrozen: P=2" in out.stdout
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
