@@ -29,7 +29,7 @@ def read_times(path):
     times = defaultdict(dict)
     with open(path) as f:
         for line in f:
-            worker, step, t = line.split()
+            worker, step, t = line.split()[:3]
             times[worker][int(step)] = float(t)
     return times
 

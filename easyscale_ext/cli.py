@@ -36,7 +36,10 @@ def run(args) -> int:
         env = dict(os.environ, **determinism.environment(args.level, args.isa))
     except ValueError as e:
         raise SystemExit(f"easyscale run: {e}")
-    launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env)
+    if args.balance:
+        env["EASYSCALE_BALANCE"] = "1"
+    launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env,
+                               cpus=args.cpus)
     print(f"easyscale: job store at {launcher.address}; scale with "
           f"`easyscale scale --store {launcher.address} --procs N`", flush=True)
     return launcher.run()
@@ -116,6 +119,20 @@ def isa(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e))
 
 
+def cpu_list(text: str) -> list:
+    import os
+
+    try:
+        cpus = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1,1, got {text!r}")
+    allowed = os.sched_getaffinity(0)
+    if not set(cpus) <= allowed:
+        raise argparse.ArgumentTypeError(f"cores {sorted(set(cpus) - allowed)} are not available here "
+                                         f"(available: {sorted(allowed)})")
+    return cpus
+
+
 ISA_HELP = "D2's instruction-set floor for every process: AVX2 (default), AVX or SSE4.1"
 
 
@@ -150,6 +167,10 @@ def main(argv=None) -> int:
     p.add_argument("--level", default="D0", type=level,
                    help="determinism level: sets the environment it needs (default D0)")
     p.add_argument("--isa", type=isa, help=ISA_HELP)
+    p.add_argument("--balance", action="store_true",
+                   help="give faster processes more virtual workers, rebalanced online by measured speed")
+    p.add_argument("--cpus", type=cpu_list, default=None, metavar="C0,C1,...",
+                   help="pin the i-th process to core Ci (cycling); a core listed twice is shared")
     p.add_argument("--host", default="127.0.0.1", help="address the job store binds to (default: loopback)")
     p.add_argument("--port", type=int, default=0, help="job store port (default: any free port)")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")

@@ -14,7 +14,10 @@ One training step, for a process owning virtual ranks [lo, hi):
 With one virtual worker per process, plain DDP loops work unchanged: an
 autograd callback finishes the step after backward, as DDP's Reducer does.
 """
+import collections
 import contextlib
+import statistics
+import time
 import weakref
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -111,6 +114,7 @@ class EasyScaleDDP(nn.Module):
         self._sync = True
         self._current: Optional[int] = None
         self._callback_queued = False
+        self._worker_seconds = collections.deque(maxlen=16)  # forward + backward per worker, recent steps
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -366,11 +370,22 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"this process runs virtual ranks {self.local_ranks}, got batches for {ranks}; "
                              "build the loader with ddp.data_loader(...)")
         self._begin_step()
+        compute = 0.0
         for v, batch in batches:
             self._switch_in(v)
+            start = time.perf_counter()
             yield batch
+            if self._cuda:  # the worker's kernels, not their launches
+                torch.cuda.synchronize(self.device)
+            compute += time.perf_counter() - start
             self._switch_out(v)
+        self._worker_seconds.append(compute / len(batches))
         self._finish_step()
+
+    def seconds_per_worker(self) -> Optional[float]:
+        """Median forward + backward time of one local virtual worker over recent steps (None before
+        the first step): the speed a Balancer sizes this process's share of the virtual workers by."""
+        return statistics.median(self._worker_seconds) if self._worker_seconds else None
 
     def forward(self, *inputs, **kwargs):
         if self._current is None and torch.is_grad_enabled() and self.module.training:

@@ -23,17 +23,19 @@ import time
 import uuid
 from dataclasses import astuple, dataclass, field
 from datetime import timedelta
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
+from .balance import Balancer, ranges_of
 from .checkpoint import Position
 from .ddp import even_ranges
 
 STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
 JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
+BALANCE_ENV = "EASYSCALE_BALANCE"   # "1": rebalance virtual workers by measured speed
 
 
 def connect(address: str, timeout_s: float = 300.0) -> dist.TCPStore:
@@ -54,6 +56,7 @@ class ScaleEvent:
     old_procs: int
     new_procs: int
     generation: int
+    ranges: List[Tuple[int, int]] = field(default_factory=list)  # virtual ranks of each process after it
     seconds: float = 0.0  # from the decision to the new group being ready
     joined: List[str] = field(default_factory=list)
     left: List[str] = field(default_factory=list)
@@ -63,7 +66,9 @@ class ElasticMember:
     """This process's membership in an elastic job."""
 
     def __init__(self, address: Optional[str] = None, worker_id: Optional[str] = None, backend: str = "gloo",
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, balance: Union[bool, Balancer, None] = None):
+        """`balance`: True or a Balancer rebalances virtual workers by measured speed (rank 0's
+        Balancer decides); None reads $EASYSCALE_BALANCE (`easyscale run --balance` sets it)."""
         address = address or os.environ.get(STORE_ENV)
         if not address:
             raise ValueError(f"no job store: pass address='host:port' or set {STORE_ENV}")
@@ -76,6 +81,9 @@ class ElasticMember:
         self.members: List[str] = []
         self.hooks: List[Callable[[ScaleEvent], None]] = []
         self._published = False  # the job state joiners are checked against
+        if balance is None:
+            balance = os.environ.get(BALANCE_ENV) == "1"
+        self.balancer = Balancer() if balance is True else (balance or None)
         if not self.joining:
             self._enter(0)
 
@@ -139,6 +147,7 @@ class ElasticMember:
         A scale-out waits for its joiners to be prepared; meanwhile training goes
         on, unless `block` (for schedules that must take effect at this step).
         """
+        proposal = self._rebalance(ddp, position.step)
         decision = [None]
         if self.rank == 0:
             if not self._published:
@@ -148,6 +157,8 @@ class ElasticMember:
             while block and decision[0] is None and self._pending():
                 time.sleep(0.01)
                 decision[0] = self._decide(ddp.world_size)
+            if decision[0] is None and proposal is not None:
+                decision[0] = self.members  # the same processes, another split
         dist.broadcast_object_list(decision, src=0)
         members = decision[0]
         if members is None:
@@ -161,6 +172,9 @@ class ElasticMember:
             self.store.set(f"gen/{generation}/position",
                            json.dumps(astuple(position)))
             self.store.set(f"gen/{generation}/members", json.dumps(members))
+            # A membership change splits evenly (a joiner's speed is unknown); a rebalance as proposed.
+            ranges = ranges_of(proposal) if members == self.members else even_ranges(ddp.world_size, len(members))
+            self.store.set(f"gen/{generation}/ranges", json.dumps(ranges))
             for who in members:
                 if who not in old:
                     self.store.set(f"admit/{who}", str(generation))
@@ -171,6 +185,18 @@ class ElasticMember:
         self._enter(generation)
         self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old)
         return True
+
+    def _rebalance(self, ddp, step: int) -> Optional[List[int]]:
+        """Every balancer interval: gather each process's seconds per virtual worker; rank 0's
+        Balancer may propose new range sizes (None elsewhere, or when it keeps the split)."""
+        if self.balancer is None or step % self.balancer.interval:
+            return None
+        seconds = [None] * len(self.members)
+        dist.all_gather_object(seconds, ddp.seconds_per_worker())
+        if self.rank != 0 or None in seconds:
+            return None
+        sizes = [hi - lo for lo, hi in ddp.ranges]
+        return self.balancer.propose(step, sizes, seconds)
 
     def _pending(self) -> bool:
         return self.store.check(["target"]) and int(self.store.get("target")) != len(self.members)
@@ -209,8 +235,9 @@ class ElasticMember:
             if scheduler is not None:
                 scheduler.load_state_dict(sched_state)
             ddp.load_freezer_state(freezer_state)
-        lo, hi = even_ranges(ddp.world_size, len(self.members))[self.rank]
-        ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)})
+        lo, hi = json.loads(self.store.get(f"gen/{generation}/ranges"))[self.rank]
+        ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)},
+                        virtual_ranks=(lo, hi))
         dist.barrier()
         if self.rank == 0:  # everyone has adopted: the store need not keep the contexts
             for v in range(ddp.world_size):
@@ -220,6 +247,7 @@ class ElasticMember:
             if old is None:  # a joiner learns the previous members from the store
                 old = json.loads(self.store.get(f"gen/{generation - 1}/members"))
             event = ScaleEvent(step=step, old_procs=len(old), new_procs=len(self.members), generation=generation,
+                               ranges=[tuple(r) for r in ddp.ranges],
                                seconds=time.perf_counter() - start if start is not None else 0.0,
                                joined=[m for m in self.members if m not in old],
                                left=[m for m in old if m not in self.members])

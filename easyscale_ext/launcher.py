@@ -17,13 +17,17 @@ from .elastic import ID_ENV, JOIN_ENV, STORE_ENV
 
 class ElasticLauncher:
     def __init__(self, argv: Sequence[str], procs: int, host: str = "127.0.0.1", port: int = 0,
-                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None):
+                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None,
+                 cpus: Optional[Sequence[int]] = None):
+        """`cpus`: the i-th process started (joiners included) runs on core cpus[i % len(cpus)]; listing
+        a core twice makes processes share it (heterogeneous speeds on one machine)."""
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
         self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
         self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=300))
         self.address = f"{host}:{self.store.port}"
+        self.cpus = list(cpus or [])
         self.children: Dict[str, subprocess.Popen] = {}
         self.spawned = 0
 
@@ -32,7 +36,9 @@ class ElasticLauncher:
         self.spawned += 1
         env = dict(self.env, **{STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
         out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
-        self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        child = self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        if self.cpus:  # pinned while the interpreter starts, before it starts any thread
+            os.sched_setaffinity(child.pid, {self.cpus[(self.spawned - 1) % len(self.cpus)]})
         if out is not None:
             out.close()  # the child holds its own descriptor
         return worker

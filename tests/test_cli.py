@@ -45,6 +45,7 @@ def test_every_command_has_help():
     (["run", "--procs", "1", "--level", "D2", "--isa", "AVX9", "--", "x.py"], "unknown instruction-set floor"),
     (["run", "--procs", "1", "--level", "D1", "--isa", "AVX", "--", "x.py"], "applies to determinism D2 only"),
     (["demo", "--isa", "SSE4.1"], "applies to determinism D2 only"),
+    (["run", "--procs", "2", "--cpus", "0,4096", "--", "x.py"], "cores [4096] are not available here"),
 ])
 def test_demo_and_run_argument_errors(args, message):
     out = easyscale(*args)

@@ -242,11 +242,13 @@ def run_easyscale(args, model, data, opt):
     member = None
     if args.elastic:
         from easyscale_ext.elastic import ElasticMember
-        member = ElasticMember()
+        from easyscale_ext.balance import Balancer
+        member = ElasticMember(balance=Balancer(interval=2, threshold=0.15, patience=2) if args.balance else False)
         if args.log_events:
             def record(event):
                 with open(args.log_events, "a") as f:
-                    f.write(f"{event.step} {event.old_procs} {event.new_procs}\n")
+                    sizes = " ".join(str(hi - lo) for lo, hi in event.ranges)
+                    f.write(f"{event.step} {event.old_procs} {event.new_procs} {sizes}\n")
             member.on_scale(record)
     ranges = None
     if args.ranges:
@@ -296,7 +298,8 @@ def run_easyscale(args, model, data, opt):
             step += 1
             here = Position(step, epoch, loader.next_step)
             if times:
-                times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f}\n")
+                times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
+                            f"{len(ddp.local_ranks)} {ddp.seconds_per_worker():.6f}\n")
                 times.flush()
             if args.kill_at == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
                     and ddp.rank == args.procs - 1:
@@ -352,6 +355,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--broadcast-buffers", type=int, default=1)
+    ap.add_argument("--balance", type=int, default=0, help="rebalance virtual workers by measured speed")
     ap.add_argument("--freeze", type=float, default=0.0, help="freeze layers at this gradient-norm change")
     ap.add_argument("--log-freeze", default="", help="append rank 0's freezing log and exchanged elements")
     ap.add_argument("--scheduler", type=int, default=0, help="step a StepLR after every optimizer step")
@@ -368,7 +372,8 @@ def main():
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
-    ap.add_argument("--log-times", default="", help="append 'worker step unix-time' at each step end")
+    ap.add_argument("--log-times", default="",
+                    help="append 'worker step unix-time local-workers seconds-per-worker' at each step end")
     ap.add_argument("--log-events", default="", help="append 'step old new' for every scale event seen")
     ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")

@@ -1,0 +1,81 @@
+"""Heterogeneous processes on one machine: throughput of the even split, the balanced split and the
+ideal (issue 12).
+
+Three processes of tests/train_job.py's conv net, N virtual workers, pinned so that process 0 has a core
+to itself and processes 1 and 2 share another (speeds about 1 : 1/2 : 1/2). Runs, interleaved:
+  even      the even split, no balancer
+  balanced  ElasticMember(balance=...): rebalances in place once the speeds are measured
+Throughput is virtual-worker micro-batches per second over the steps after --settle; the ideal is the
+sum of the processes' measured speeds (1 / seconds per worker, from the balanced run's last steps),
+what a perfectly divisible job would reach. Medians over --repeats.
+
+    .venv/bin/python bench/bench_balance.py [--n 12] [--repeats 3]
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "train_job.py")
+sys.path.insert(0, ROOT)
+
+
+def run(n: int, steps: int, balance: bool, cpus) -> dict:
+    from easyscale_ext.launcher import ElasticLauncher
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "times")
+        argv = [sys.executable, JOB, "--mode", "easyscale", "--elastic", "1", "--virtual-workers", str(n),
+                "--batch", "64", "--steps", str(steps), "--epochs", "1", "--balance", str(int(balance)),
+                "--log-times", log, "--log-events", os.path.join(tmp, "events"), "--out", os.path.join(tmp, "h")]
+        code = ElasticLauncher(argv, 3, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp, cpus=cpus).run()
+        if code != 0:
+            raise SystemExit(f"job failed ({code}); logs in {tmp}")
+        rows = defaultdict(dict)
+        for line in open(log):
+            worker, step, t, workers, seconds = line.split()
+            rows[int(step)][worker] = (float(t), int(workers), float(seconds))
+        events = open(os.path.join(tmp, "events")).read().split("\n")[0].split() \
+            if os.path.exists(os.path.join(tmp, "events")) else []
+    return {"rows": rows, "rebalanced_at": int(events[0]) if events else None,
+            "sizes": [int(k) for k in events[3:]]}
+
+
+def throughput(rows, n, first, last) -> float:
+    t0, t1 = (max(t for t, _, _ in rows[s].values()) for s in (first, last))
+    return (last - first) * n / (t1 - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--settle", type=int, default=15, help="steps left out at the start (measuring, rebalancing)")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("needs two cores")
+    cpus = [cores[0], cores[1], cores[1]]
+    results = defaultdict(list)
+    for _ in range(args.repeats):
+        for name, balance in (("even", False), ("balanced", True)):
+            r = run(args.n, args.steps, balance, cpus)
+            results[name].append(throughput(r["rows"], args.n, args.settle, args.steps))
+            if balance:
+                last = r["rows"][args.steps]
+                results["ideal"].append(sum(1 / seconds for _, _, seconds in last.values()))
+                results["rebalanced_at"].append(r["rebalanced_at"])
+                results["sizes"].append(r["sizes"])
+    even, balanced, ideal = (statistics.median(results[k]) for k in ("even", "balanced", "ideal"))
+    print(f"N={args.n}, 3 processes on cores {cpus}, steps {args.settle}-{args.steps}, medians of {args.repeats}")
+    print(f"throughput (micro-batches/s): even {even:.1f}, balanced {balanced:.1f}, ideal {ideal:.1f}")
+    print(f"balanced / ideal {balanced / ideal:.2f}, balanced / even {balanced / even:.2f}")
+    print(f"rebalanced at steps {results['rebalanced_at']} to sizes {results['sizes']}")
+
+
+if __name__ == "__main__":
+    main()
