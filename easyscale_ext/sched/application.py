@@ -1,0 +1,87 @@
+"""A profiled application: its measured step times per GPU type, its gradient noise and its length."""
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from .data import read_csv
+from .efficiency import GradientNoise
+from .profile import StepTimeProfile
+
+# Epochs to completion, as in the Pollux artifact's simulator (applications.py).
+EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
+# The artifact caps yolov3's per-GPU batch at 8 (its T4s run out of memory above that).
+MAX_LOCAL_BSZ = {"yolov3": 8}
+# The artifact never gives ncf more than one GPU (elastic baselines and Pollux alike), and Pollux runs it at
+# the largest validated batch.
+SINGLE_GPU = {"ncf"}
+# Where each GPU type's profile is: Pollux's own (T4) or Sia's files named by its cluster (DATA.md).
+PROFILE_FILES = {
+    "t4": ("pollux", "placements.csv", "scalability.csv"),
+    "v100": ("sia", "placements-azure.csv", "scalability-azure.csv"),
+    "a100": ("sia", "placements-dgx-ext.csv", "scalability-dgx-ext.csv"),
+    "rtx6000": ("sia", "placements-quad.csv", "scalability-quad.csv"),
+    "2080ti": ("sia", "placements-rtx.csv", "scalability-rtx.csv"),
+}
+# GPU types profiled by EasyScale only: derived from the T4 profile with its per-model step-time ratios (plain
+# DDP, step_s_d0), by the nearest model it measured; applications it has no model for take the geometric mean.
+DERIVED_FROM_T4 = ("p100",)
+EASYSCALE_MODEL = {"bert": "Bert", "cifar10": "ResNet50", "imagenet": "ResNet50", "ncf": "NeuMF", "yolov3": "YOLOv3"}
+
+
+class Application:
+    def __init__(self, name: str, data: Path):
+        self.name = name
+        self.data = Path(data)
+        self.epochs = EPOCHS[name]
+        self.single_gpu = name in SINGLE_GPU
+        self.noise = GradientNoise(self.data / "pollux" / "traces" / name)
+        self.init_batch_size = self.noise.init_batch_size
+        self.max_batch_size = self.noise.max_batch_size
+        self._profiles = {}
+        self.fits = {}  # GPU type -> {frozenset of observed configurations: PerfParams} (job.AppJob)
+        t4 = self.profile("t4")  # the batch limits are the measured (T4) ones, as in the artifact
+        self.min_local_bsz = t4.min_local_bsz
+        self.max_local_bsz = MAX_LOCAL_BSZ.get(name, t4.max_local_bsz)
+
+    def profile(self, gpu_type: str) -> StepTimeProfile:
+        if gpu_type not in self._profiles:
+            if gpu_type in DERIVED_FROM_T4:
+                self._profiles[gpu_type] = self.profile("t4").scaled(self.step_ratio(gpu_type))
+            elif gpu_type in PROFILE_FILES:
+                source, placements, scalability = PROFILE_FILES[gpu_type]
+                folder = self.data / source / "traces" / self.name
+                self._profiles[gpu_type] = StepTimeProfile.from_csv(folder / placements, folder / scalability)
+            else:
+                known = sorted(PROFILE_FILES) + list(DERIVED_FROM_T4)
+                raise ValueError(f"no step-time profile for GPU type {gpu_type!r}; known: {known}")
+        return self._profiles[gpu_type]
+
+    def step_ratio(self, gpu_type: str) -> float:
+        """EasyScale's step time on `gpu_type` over its step time on a T4, for this application's model."""
+        cols = read_csv(self.data / "easyscale" / "gpu_step_times.csv")
+        ratio = {}
+        for model in dict.fromkeys(cols["model"]):
+            mine = cols["model"] == model
+            time = {gpu: cols["step_s_d0"][mine & (cols["gpu"] == gpu)][0] for gpu in (gpu_type, "t4")}
+            ratio[model] = time[gpu_type] / time["t4"]
+        model = EASYSCALE_MODEL.get(self.name)
+        return ratio[model] if model else float(np.exp(np.mean(np.log(list(ratio.values())))))
+
+    @cached_property
+    def total_progress(self) -> float:
+        return self.noise.progress_at(self.epochs)
+
+
+class Applications(dict):
+    """Applications by name, loaded on first use."""
+
+    def __init__(self, data: Path):
+        super().__init__()
+        self.data = Path(data)
+
+    def __missing__(self, name):
+        if name not in EPOCHS:
+            raise KeyError(f"unknown application {name!r}; known: {sorted(EPOCHS)}")
+        self[name] = Application(name, self.data)
+        return self[name]

@@ -1,0 +1,117 @@
+"""`easyscale simulate`: run policies on a workload; print a table, write JSON and plots.
+
+  easyscale simulate --workload FILE --policy NAME|all [--cluster SPEC] [--seed S] [--out DIR]
+
+`--policy all` runs every policy, one process per policy, two at a time.
+"""
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .application import Applications
+from .cluster import DEFAULT, Cluster
+from .data import data_dir
+from .fifo import FifoPolicy
+from .metrics import isolated_runtimes, summarize
+from .optimus import OptimusPolicy
+from .pollux import PolluxPolicy
+from .simulator import SimConfig, simulate
+from .tiresias import TiresiasPolicy
+from .workload import load_workload
+
+POLICIES = {
+    "fifo": lambda seed: FifoPolicy(),
+    "fifo-serial": lambda seed: FifoPolicy(serial=True),
+    "tiresias": lambda seed: TiresiasPolicy(),
+    "optimus": lambda seed: OptimusPolicy(),
+    "pollux": lambda seed: PolluxPolicy(seed=seed),
+}
+COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("simulate", help="trace-driven cluster-scheduling simulation",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", required=True, help="a Pollux workload CSV or the Philly trace")
+    p.add_argument("--policy", default="all", choices=sorted(POLICIES) + ["all"],
+                   help="one policy, or all that can run the workload (one process each, two at a time)")
+    p.add_argument("--cluster", default=DEFAULT, help=f"COUNTxGPUS[:TYPE],... (default {DEFAULT})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomised policies (Pollux's search)")
+    p.add_argument("--out", default=None, help="directory for the JSON results and the plots")
+    p.add_argument("--data", default=None, help="trace directory (default $EASYSCALE_SCHED_DATA, else "
+                                                "../shared/data beside the checkout)")
+    p.add_argument("--round", type=float, default=60.0, help="seconds between scheduling rounds")
+    p.add_argument("--restart", type=float, default=30.0, help="seconds without progress after a reallocation")
+    p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
+                                                             "(default: --restart)")
+    p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
+    return p
+
+
+def run_one(name, args, position=0):
+    """Simulate one policy; returns (result, summary, wall seconds)."""
+    data = data_dir(args.data)
+    apps, cluster = Applications(data), Cluster.parse(args.cluster)
+    specs = load_workload(args.workload, args.limit)
+    config = SimConfig(round_s=args.round, restart_s=args.restart,
+                       start_s=args.restart if args.start is None else args.start)
+    bar = tqdm(total=len(specs), desc=f"{name:12s}", unit="job", position=position, leave=True,
+               disable=args.no_progress)
+    begin = time.perf_counter()
+    result = simulate(specs, POLICIES[name](args.seed), cluster, apps, config, progress=bar)
+    wall = time.perf_counter() - begin
+    bar.close()
+    return result, summarize(result, cluster.total_gpus, isolated_runtimes(specs, apps, cluster)), wall
+
+
+def _run_indexed(item):
+    index, name, args = item
+    return run_one(name, args, position=index)
+
+
+def main(args) -> int:
+    try:
+        data_dir(args.data)
+    except FileNotFoundError as e:
+        raise SystemExit(f"easyscale simulate: {e}")
+    names = [args.policy]
+    if args.policy == "all":
+        trace = any(s.app is None for s in load_workload(args.workload, args.limit))
+        names = [n for n in sorted(POLICIES) if not (trace and POLICIES[n](args.seed).profiled)]
+    items = [(i, n, args) for i, n in enumerate(names)]
+    if len(names) > 1:
+        with multiprocessing.get_context("fork").Pool(min(2, len(names))) as pool:
+            runs = pool.map(_run_indexed, items, chunksize=1)
+    else:
+        runs = [_run_indexed(items[0])]
+    print_table(names, runs)
+    if args.out:
+        write_outputs(Path(args.out), Path(args.workload).stem, args, runs)
+    return 0
+
+
+def print_table(names, runs):
+    print(f"{'policy':12s} " + " ".join(f"{c:>16s}" for c in COLUMNS) + f" {'wall s':>8s}")
+    for name, (_, summary, wall) in zip(names, runs):
+        cells = " ".join(f"{summary[c]:16.3f}" if c in summary else f"{'-':>16s}" for c in COLUMNS)
+        print(f"{name:12s} {cells} {wall:8.1f}")
+
+
+def write_outputs(out, stem, args, runs):
+    from . import plots  # matplotlib only when plotting
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = [r for r, _, _ in runs]
+    for result, summary, _ in runs:
+        record = {"workload": str(args.workload), "seed": args.seed, "summary": summary, **result.to_json()}
+        (out / f"{stem}-{result.policy}.json").write_text(json.dumps(record, indent=1))
+        plots.gantt(result, out / f"{stem}-{result.policy}-gantt.png")
+    total = Cluster.parse(args.cluster).total_gpus
+    plots.jct_cdf(results, out / f"{stem}-jct-cdf.png")
+    plots.gpus_over_time(results, total, out / f"{stem}-gpus.png")
+    print(f"wrote {len(runs)} JSON results and plots to {out}/")

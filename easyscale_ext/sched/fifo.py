@@ -1,0 +1,29 @@
+"""FIFO / YARN-CS: jobs run on the GPUs they asked for, started in arrival order, never preempted or resized.
+
+The head of the queue blocks the jobs behind it (no backfilling), as in YARN's capacity scheduler. Jobs are
+packed (best fit) on one GPU type. `serial` is the variant of EasyScale's artifact, which starts at most one
+job per round.
+"""
+from .policy import Policy, gpu_type_for, place
+
+
+class FifoPolicy(Policy):
+    def __init__(self, serial: bool = False):
+        self.serial = serial
+        self.name = "fifo-serial" if serial else "fifo"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        result = dict(allocations)
+        free = cluster.free(result)
+        room = cluster.room(free)
+        for job in jobs:
+            if job.name in result:
+                continue
+            gpu_type = gpu_type_for(room, job.spec.num_gpus)
+            if gpu_type is None:
+                break
+            result[job.name] = place(free, job.spec.num_gpus, cluster.nodes_of(gpu_type), best_fit=True)
+            room[gpu_type] -= job.spec.num_gpus
+            if self.serial:
+                break
+        return result

@@ -1,0 +1,61 @@
+"""Goodput = throughput x statistical efficiency, and the batch configuration that maximises it (Pollux, 3.3).
+
+A configuration on `r` replicas is a per-GPU micro-batch m and a number s of extra accumulation steps, the
+global batch being M = r * m * (s + 1). Candidate batch sizes are 50 points spaced geometrically between
+max(M0, r * m_min) and the application's largest validated batch, as in the artifact.
+"""
+import math
+
+import numpy as np
+
+from . import throughput
+from .efficiency import efficiency
+
+EPS = 1e-8  # slack for ceil() of ratios that are integers up to rounding
+CANDIDATES = 50
+
+
+def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
+    """(micro-batch, accumulation steps) that realise `batch_size` on `num_replicas` GPUs: as few accumulation
+    steps as fit under `max_local_bsz`, and at least one on a single GPU above M0 (Pollux measures the gradient
+    noise between micro-batches, which needs two of them)."""
+    local = np.ceil(np.asarray(batch_size, dtype=float) / num_replicas - EPS)
+    accum = np.ceil(local / max_local_bsz - EPS) - 1
+    single = (np.asarray(num_replicas) == 1) & (batch_size > init_batch_size + EPS)
+    accum = np.where(single, np.maximum(accum, 1), accum)
+    return np.ceil(local / (accum + 1) - EPS).astype(int), accum.astype(int)
+
+
+class GoodputModel:
+    def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app):
+        self.perf, self.grad_sqr, self.grad_var, self.app = perf, grad_sqr, grad_var, app
+
+    def goodput(self, num_nodes, num_replicas, local_bsz, accum_steps):
+        """Progress (steps at M0) per second."""
+        batch = num_replicas * local_bsz * (accum_steps + 1)
+        t = throughput.iteration_time(self.perf, num_nodes, num_replicas, local_bsz, accum_steps)
+        return batch / t * efficiency(self.grad_sqr, self.grad_var, batch / self.app.init_batch_size)
+
+    def best(self, num_nodes, num_replicas):
+        """Best (goodput, micro-batch, accumulation steps) for each (nodes, replicas) pair (arrays)."""
+        app = self.app
+        nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
+        reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
+        low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
+        batch = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
+        local, accum = split_batch(batch, reps, app.max_local_bsz, app.init_batch_size)
+        good = self.goodput(nodes, reps, local, accum)
+        good = np.where((local >= app.min_local_bsz) & (local <= app.max_local_bsz), good, 0.0)
+        pick = np.argmax(good, axis=0), np.arange(len(reps))
+        return good[pick], local[pick], accum[pick]
+
+
+def fixed_batch_config(batch_size, num_replicas, app):
+    """(micro-batch, accumulation steps) for a user-fixed global batch on `num_replicas` GPUs."""
+    local, accum = split_batch(batch_size, num_replicas, app.max_local_bsz, app.init_batch_size)
+    return int(local), int(accum)
+
+
+def cap_local_bsz(local_bsz, accum_steps, num_replicas, app):
+    """The artifact never lets the global batch exceed the largest validated one."""
+    return min(local_bsz, math.floor(app.max_batch_size / (num_replicas * (accum_steps + 1))))

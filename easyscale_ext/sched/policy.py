@@ -1,0 +1,58 @@
+"""The policy interface, and the placement every policy that does not search placements itself shares.
+
+Each round the simulator calls `optimize(now, jobs, cluster, allocations)` with the jobs that have arrived and
+not finished (an iterable, in arrival order) and their current allocations; the policy returns the new
+allocations, a tuple of node indices per job (one entry per GPU), leaving out jobs that should hold none.
+Policies read jobs and never change them. A policy with `batch_size(spec, app)` returning None lets its jobs
+adapt their batch size.
+"""
+import numpy as np
+
+
+class Policy:
+    name = ""
+    profiled = False  # needs jobs of profiled applications (models their throughput), not bare trace jobs
+
+    def batch_size(self, spec, app):
+        """The global batch the job runs with: the user's, unless the policy tunes it (None)."""
+        return spec.batch_size
+
+    def optimize(self, now, jobs, cluster, allocations) -> dict:
+        raise NotImplementedError
+
+
+def require_homogeneous(cluster, policy):
+    if not cluster.homogeneous:
+        raise ValueError(f"{policy} models one GPU type; the cluster {cluster.spec} mixes several")
+
+
+def gpu_type_for(room: dict, num_gpus: int, prefer=None):
+    """The GPU type a job of `num_gpus` GPUs runs on, given free GPUs per type: `prefer` (where it runs now) if
+    it still has room, else the type with the most free GPUs; None if no type has room. A job never spans types."""
+    if prefer is not None and room[prefer] >= num_gpus:
+        return prefer
+    fits = [t for t in room if room[t] >= num_gpus]
+    return max(fits, key=lambda t: room[t]) if fits else None
+
+
+def place(free: np.ndarray, num_gpus: int, nodes: np.ndarray, best_fit: bool = False) -> tuple:
+    """Take `num_gpus` GPUs on `nodes` (a mask) from `free` (GPUs free per node, updated in place), emptiest
+    node first, ties to the lowest index, as the artifact's baselines do. With `best_fit`, a job that fits on
+    one node goes to the fullest node that can hold it instead, keeping whole nodes free for larger jobs."""
+    avail = np.where(nodes, free, -1)
+    if best_fit:
+        fits = np.flatnonzero(avail >= num_gpus)
+        if len(fits):
+            node = int(fits[np.argmin(avail[fits])])
+            free[node] -= num_gpus
+            return (node,) * num_gpus
+    alloc = []
+    while len(alloc) < num_gpus:
+        node = int(np.argmax(avail))
+        take = min(int(avail[node]), num_gpus - len(alloc))
+        if take <= 0:
+            raise ValueError(f"cannot place {num_gpus} GPUs: only {len(alloc)} free")
+        free[node] -= take
+        avail[node] -= take
+        alloc += [node] * take
+    return tuple(alloc)

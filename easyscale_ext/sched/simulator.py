@@ -1,0 +1,138 @@
+"""The event loop: arrivals, scheduling rounds, (re)allocation delays, completions, invariants.
+
+Time moves in rounds of `round_s`. In each round every job holding GPUs progresses; at the round's end the
+jobs that arrived during it join, finished ones leave, and the policy reallocates. A job whose allocation
+changes makes no progress for `restart_s` seconds (`start_s` at its first start): checkpoint-restart in the
+Pollux artifact's simulator costs 30 s; in-place elastic scaling costs ~0.
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .cluster import placement_of
+from .job import make_job
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    round_s: float = 60.0
+    restart_s: float = 30.0
+    start_s: float = 30.0
+    check: bool = True  # check the invariants every round
+    max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+@dataclass
+class Result:
+    policy: str
+    cluster: str
+    config: dict
+    jobs: list  # per job: name, app, arrival, first start, completion, GPUs asked for, restarts, GPU-seconds
+    timeline: dict  # per round: time, allocated GPUs, active jobs
+    segments: list  # (job, start, end, GPUs): who held how many GPUs when, for the Gantt chart
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) -> Result:
+    """Run `specs` (sorted by arrival) to completion under `policy`. `progress` (e.g. a tqdm bar) is
+    advanced by one per finished job."""
+    if policy.profiled and any(s.app is None for s in specs):
+        raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
+                         f"(duration only): use fifo, fifo-serial or tiresias")
+    largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type
+    too_big = [s.name for s in specs if s.num_gpus > largest]
+    if too_big:
+        raise ValueError(f"{len(too_big)} jobs ask for more GPUs than the cluster {cluster.spec} has of one "
+                         f"type, e.g. {too_big[0]}")
+    jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
+    # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
+    active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
+    paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
+    allocations, records, segments, opened, first_start = {}, [], [], {}, {}
+    times, gpus_used, num_active = [], [], []
+    now, arrived, idle = 0.0, 0, 0
+    while len(records) < len(jobs):
+        if not active:  # idle cluster: skip to the round in which the next job arrives
+            now = max(now, math.ceil(jobs[arrived].arrival / config.round_s) * config.round_s)
+        else:
+            for job in running.values():
+                job.advance(now, config.round_s)
+            now += config.round_s
+        while arrived < len(jobs) and jobs[arrived].arrival <= now:
+            job = jobs[arrived]
+            active[job.name], paused[job.name] = job, job.progress
+            arrived += 1
+        for job in [j for j in running.values() if j.completion is not None]:
+            records.append(_record(job, first_start.get(job.name)))
+            _close(segments, opened, job.name, job.completion)
+            del active[job.name], running[job.name], allocations[job.name]
+            if progress is not None:
+                progress.update(1)
+        if not active:
+            continue
+        new = {name: alloc for name, alloc in policy.optimize(now, active.values(), cluster, allocations).items()
+               if alloc}
+        if config.check:
+            _check(now, new, active, cluster)
+        for name in [*new, *(n for n in allocations if n not in new)]:  # a fixed order: reproducible output
+            alloc, job = new.get(name, ()), active[name]
+            if alloc == allocations.get(name, ()):
+                continue
+            if config.check and name in paused and job.progress != paused[name]:
+                raise InvariantError(f"t={now}: {name} progressed without GPUs")
+            types = {cluster.types[n] for n in alloc}
+            delay = config.restart_s if job.starts else config.start_s
+            job.allocate(placement_of(alloc), types.pop() if types else None, delay)
+            _close(segments, opened, name, now)
+            if alloc:
+                running[name] = job
+                paused.pop(name, None)
+                opened[name] = (now, len(alloc))
+                first_start.setdefault(name, now)
+            else:
+                del running[name]
+                paused[name] = job.progress
+        allocations = new
+        times.append(now)
+        gpus_used.append(sum(map(len, allocations.values())))
+        num_active.append(len(active))
+        idle = idle + 1 if not allocations and arrived == len(jobs) else 0
+        if idle > config.max_idle_rounds:
+            raise InvariantError(f"t={now}: {len(active)} jobs wait but {policy.name} has allocated nothing for "
+                                 f"{idle} rounds and no job is left to arrive: they would never finish")
+    return Result(policy.name, cluster.spec, asdict(config), sorted(records, key=lambda r: (r["arrival"], r["name"])),
+                  {"time": times, "gpus": gpus_used, "active": num_active}, segments)
+
+
+def _check(now, allocations, active, cluster):
+    unknown = set(allocations) - active.keys()
+    if unknown:
+        raise InvariantError(f"t={now}: allocations for jobs not present: {sorted(unknown)[:3]}")
+    used = cluster.used(allocations)
+    over = np.flatnonzero(used > np.asarray(cluster.gpus))
+    if len(over):
+        raise InvariantError(f"t={now}: node {over[0]} has {used[over[0]]} GPUs allocated of {cluster.gpus[over[0]]}")
+    for name, alloc in allocations.items():
+        if len({cluster.types[n] for n in alloc}) > 1:
+            raise InvariantError(f"t={now}: {name} spans GPU types")
+
+
+def _close(segments, opened, name, end):
+    if name in opened:
+        start, gpus = opened.pop(name)
+        if end > start:
+            segments.append((name, start, end, gpus))
+
+
+def _record(job, first_start):
+    spec = job.spec
+    return {"name": job.name, "app": spec.app, "arrival": job.arrival, "start": first_start,
+            "completion": job.completion, "jct": job.completion - job.arrival, "gpus_asked": spec.num_gpus,
+            "restarts": job.restarts, "gpu_seconds": job.attained}

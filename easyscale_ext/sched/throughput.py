@@ -1,0 +1,112 @@
+"""Pollux's throughput model (Qiao et al., OSDI'21, section 3.2), fitted to step-time measurements with SciPy.
+
+  T_grad(m)  = alpha_c + beta_c * m                       compute time of one micro-batch of m samples per GPU
+  T_sync     = alpha_r + beta_r * max(r - 2, 0)           all 2..r replicas on one node
+             = alpha_n + beta_n * max(r - 2, 0)           replicas spread over several nodes
+  T_iter     = s * T_grad + (T_grad^gamma + T_sync^gamma)^(1/gamma)   s extra accumulation steps; gamma in [1, 10]
+               says how far compute and synchronisation overlap (1: not at all; 10: almost max()).
+"""
+from typing import NamedTuple
+
+import numpy as np
+from scipy.optimize import Bounds, minimize
+
+
+class PerfParams(NamedTuple):
+    alpha_c: float
+    beta_c: float
+    alpha_n: float
+    beta_n: float
+    alpha_r: float
+    beta_r: float
+    gamma: float
+
+
+TINY = 1e-8  # the lower bound of every time parameter, and the "sync time" of a single replica
+
+
+def grad_time(p: PerfParams, local_bsz):
+    return p.alpha_c + p.beta_c * np.asarray(local_bsz, dtype=float)
+
+
+def sync_time(p: PerfParams, num_nodes, num_replicas):
+    extra = np.maximum(np.asarray(num_replicas, dtype=float) - 2, TINY)
+    return np.where(np.asarray(num_nodes) > 1, p.alpha_n + p.beta_n * extra,
+                    np.where(np.asarray(num_replicas) > 1, p.alpha_r + p.beta_r * extra, TINY))
+
+
+def step_time(p: PerfParams, num_nodes, num_replicas, local_bsz):
+    """Time of the synchronising step (no accumulation)."""
+    g, s = grad_time(p, local_bsz), sync_time(p, num_nodes, num_replicas)
+    return np.exp(np.logaddexp(p.gamma * np.log(g), p.gamma * np.log(s)) / p.gamma)
+
+
+def iteration_time(p: PerfParams, num_nodes, num_replicas, local_bsz, accum_steps):
+    return np.asarray(accum_steps) * grad_time(p, local_bsz) + step_time(p, num_nodes, num_replicas, local_bsz)
+
+
+def _loss(theta, nodes, reps, bsz, log_grad, log_step):
+    """RMS log error of the compute and step times plus Pollux's two priors (a small gamma; small retrogression
+    terms, i.e. an optimistic model), and the gradient of all that, for L-BFGS-B."""
+    ac, bc, an, bn, ar, br, gamma = theta
+    inter, intra = nodes > 1, (nodes <= 1) & (reps > 1)
+    extra = np.maximum(reps - 2, TINY)
+    g = ac + bc * bsz
+    s = np.where(inter, an + bn * extra, np.where(intra, ar + br * extra, TINY))
+    lg, ls = np.log(g), np.log(s)
+    lstep = np.logaddexp(gamma * lg, gamma * ls) / gamma
+    wg, ws = np.exp(gamma * (lg - lstep)), np.exp(gamma * (ls - lstep))  # shares of g^gamma and s^gamma
+    e1, e2 = lg - log_grad, lstep - log_step
+    # RMS errors smoothed at 0 by 1e-3 (0.1 %), so that L-BFGS-B also converges when the data fit exactly.
+    r1, r2 = np.sqrt(np.mean(e1 ** 2) + 1e-6), np.sqrt(np.mean(e2 ** 2) + 1e-6)
+    # d(lstep)/d(theta), one row per parameter
+    dstep = np.stack([wg / g, wg * bsz / g, ws / s * inter, ws / s * inter * extra,
+                      ws / s * intra, ws / s * intra * extra, (wg * lg + ws * ls - lstep) / gamma])
+    dgrad = np.zeros_like(dstep)
+    dgrad[0], dgrad[1] = 1 / g, bsz / g
+    grad = dgrad @ e1 / len(e1) / r1 + dstep @ e2 / len(e2) / r2
+    rn, rr = bn / an, br / ar
+    loss = r1 + r2 + 1e-3 * (gamma - 1) ** 2 + 1e-2 * (rn ** 2 + rr ** 2)
+    grad[6] += 2e-3 * (gamma - 1)
+    grad[2:6] += 2e-2 * np.array([-rn ** 2 / an, rn / an, -rr ** 2 / ar, rr / ar])
+    return loss, grad
+
+
+def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParams:
+    """Fit the model to measured steps (compute time = step - sync). Parameters the data cannot identify are
+    pinned as Pollux does: alpha_c to half the compute time when one batch size was seen; the inter-node
+    (intra-node) terms to ~0 without inter-node (multi-GPU single-node) data; the retrogression terms to ~0
+    without more than 2 replicas. Without inter-node data, inter-node sync is then assumed 10 % slower than
+    intra-node sync, so a job that has never spanned nodes does not think spanning them free."""
+    nodes, reps, bsz = (np.asarray(a, dtype=float) for a in (num_nodes, num_replicas, local_bsz))
+    step, sync = np.asarray(step, dtype=float), np.asarray(sync, dtype=float)
+    compute = step - sync
+    x0 = np.array([1e-1, 1e-2] * 3 + [1.0 + 1e-3])
+    lo = np.array([TINY] * 6 + [1.0])
+    hi = np.array([1e3] * 6 + [10.0])  # no term of a step lasts 1000 s; keeps the search finite
+    pinned = []
+    if len(np.unique(bsz)) == 1:
+        x0[0] = lo[0] = hi[0] = compute.mean() / 2
+    if not np.any(nodes > 1):
+        pinned += [2, 3]
+    if not np.any((nodes == 1) & (reps > 1)):
+        pinned += [4, 5]
+    if not np.any(reps > 2):
+        pinned += [3, 5]
+    x0[pinned] = hi[pinned] = lo[pinned]
+    # The time parameters span 1e-8..1 s: search their logarithms, which conditions the problem far better.
+    to_x = lambda q: np.concatenate([np.log(q[:6]), q[6:]])  # noqa: E731
+    to_p = lambda x: np.concatenate([np.exp(x[:6]), x[6:]])  # noqa: E731
+
+    def loss(x, *args):
+        q = to_p(x)
+        value, grad = _loss(q, *args)
+        return value, grad * np.concatenate([q[:6], [1.0]])
+
+    result = minimize(loss, to_x(x0), args=(nodes, reps, bsz, np.log(compute), np.log(step)), jac=True,
+                      method="L-BFGS-B", bounds=Bounds(to_x(lo), to_x(hi), keep_feasible=True),
+                      options={"ftol": 1e-6, "maxiter": 100})  # a scheduler needs 3 digits, not 9
+    p = to_p(result.x)
+    if not np.any(nodes > 1):
+        p[2], p[3] = max(p[2], 1.1 * p[4]), max(p[3], 1.1 * p[5])
+    return PerfParams(*map(float, p))
