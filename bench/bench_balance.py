@@ -5,11 +5,12 @@ Three processes of tests/train_job.py's conv net, N virtual workers, pinned so t
 to itself and processes 1 and 2 share another (speeds about 1 : 1/2 : 1/2). Runs, interleaved:
   even      the even split, no balancer
   balanced  ElasticMember(balance=...): rebalances in place once the speeds are measured
-Throughput is virtual-worker micro-batches per second over the steps after --settle; the ideal is the
-sum of the processes' measured speeds (1 / seconds per worker, from the balanced run's last steps),
-what a perfectly divisible job would reach. Medians over --repeats.
+Throughput is virtual-worker micro-batches per second over the steps after --settle. The ideal is what
+a perfectly divisible job would reach: compute N / sum(speeds) per step (speed = 1 / seconds per worker,
+as the processes measured it at the balanced run's last step) plus the step's non-compute part (the
+balanced step time minus its slowest process's compute). Medians over --repeats.
 
-    .venv/bin/python bench/bench_balance.py [--n 12] [--repeats 3]
+    .venv/bin/python bench/bench_balance.py [--n 12] [--batch 256] [--repeats 3]
 """
 import argparse
 import os
@@ -23,13 +24,13 @@ JOB = os.path.join(ROOT, "tests", "train_job.py")
 sys.path.insert(0, ROOT)
 
 
-def run(n: int, steps: int, balance: bool, cpus) -> dict:
+def run(n: int, steps: int, batch: int, balance: bool, cpus) -> dict:
     from easyscale_ext.launcher import ElasticLauncher
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "times")
         argv = [sys.executable, JOB, "--mode", "easyscale", "--elastic", "1", "--virtual-workers", str(n),
-                "--batch", "64", "--steps", str(steps), "--epochs", "1", "--balance", str(int(balance)),
+                "--batch", str(batch), "--steps", str(steps), "--epochs", "1", "--balance", str(int(balance)),
                 "--log-times", log, "--log-events", os.path.join(tmp, "events"), "--out", os.path.join(tmp, "h")]
         code = ElasticLauncher(argv, 3, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp, cpus=cpus).run()
         if code != 0:
@@ -49,10 +50,18 @@ def throughput(rows, n, first, last) -> float:
     return (last - first) * n / (t1 - t0)
 
 
+def ideal_throughput(rows, n, first, last) -> float:
+    step = n / throughput(rows, n, first, last)  # seconds per step
+    procs = rows[last].values()
+    other = step - max(k * seconds for _, k, seconds in procs)
+    return n / (n / sum(1 / seconds for _, _, seconds in procs) + other)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=256, help="samples per micro-batch")
     ap.add_argument("--settle", type=int, default=15, help="steps left out at the start (measuring, rebalancing)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
@@ -63,15 +72,14 @@ def main() -> None:
     results = defaultdict(list)
     for _ in range(args.repeats):
         for name, balance in (("even", False), ("balanced", True)):
-            r = run(args.n, args.steps, balance, cpus)
+            r = run(args.n, args.steps, args.batch, balance, cpus)
             results[name].append(throughput(r["rows"], args.n, args.settle, args.steps))
             if balance:
-                last = r["rows"][args.steps]
-                results["ideal"].append(sum(1 / seconds for _, _, seconds in last.values()))
+                results["ideal"].append(ideal_throughput(r["rows"], args.n, args.settle, args.steps))
                 results["rebalanced_at"].append(r["rebalanced_at"])
                 results["sizes"].append(r["sizes"])
     even, balanced, ideal = (statistics.median(results[k]) for k in ("even", "balanced", "ideal"))
-    print(f"N={args.n}, 3 processes on cores {cpus}, steps {args.settle}-{args.steps}, medians of {args.repeats}")
+    print(f"N={args.n}, batch {args.batch}, 3 processes on cores {cpus}, steps {args.settle}-{args.steps}, medians of {args.repeats}")
     print(f"throughput (micro-batches/s): even {even:.1f}, balanced {balanced:.1f}, ideal {ideal:.1f}")
     print(f"balanced / ideal {balanced / ideal:.2f}, balanced / even {balanced / even:.2f}")
     print(f"rebalanced at steps {results['rebalanced_at']} to sizes {results['sizes']}")

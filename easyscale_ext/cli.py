@@ -5,6 +5,7 @@
   easyscale scale --store HOST:PORT --procs P    ask a running elastic job to run on P processes
   easyscale bench [--quick]                      the benchmarks recorded in BENCHMARKS.md
   easyscale smoke                                check that the extension loads and its kernels run
+  easyscale simulate --workload FILE --policy P  trace-driven cluster-scheduling simulation
 """
 import argparse
 import sys
@@ -86,19 +87,28 @@ def bench(args) -> int:
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    scripts = [os.path.join(root, "bench", name) for name in ("bench_core.py", "bench_ddp.py", "bench_elastic.py")]
+    scripts = {os.path.join(root, "bench", name): quick for name, quick in QUICK_BENCH.items()}
     if not all(os.path.exists(s) for s in scripts):
         raise SystemExit("easyscale bench: the bench/ folder is not next to the package; run it from a "
                          "source checkout (pip install -e .)")
-    for script in scripts:
-        extra = ["--quick"] if args.quick and not script.endswith("elastic.py") else []
-        if args.quick and script.endswith("elastic.py"):
-            extra = ["--repeats", "1"]
+    for script, quick in scripts.items():
+        extra = quick if args.quick else []
         print(f"$ {os.path.relpath(script, root)} {' '.join(extra)}", flush=True)
         code = subprocess.call([sys.executable, script, *extra])
         if code:
             return code
     return 0
+
+
+# Every benchmark recorded in BENCHMARKS.md, with the arguments of its quick run.
+QUICK_BENCH = {
+    "bench_core.py": ["--quick"],
+    "bench_ddp.py": ["--quick"],
+    "bench_elastic.py": ["--repeats", "1"],
+    "bench_freeze.py": ["--repeats", "1"],
+    "bench_balance.py": ["--repeats", "1"],
+    "bench_sched.py": ["--seeds", "0", "--workloads", "6", "--philly", "10000"],
+}
 
 
 def level(text: str) -> str:
@@ -184,6 +194,9 @@ def main(argv=None) -> int:
     p.set_defaults(run=bench)
     p = sub.add_parser("smoke", help="check that the extension loads and its kernels run")
     p.set_defaults(run=smoke)
+    from .sched import cli as sched_cli
+
+    sched_cli.add_parser(sub)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -30,7 +30,7 @@ def test_bad_arguments_fail_clearly(args, message):
 
 
 def test_every_command_has_help():
-    for command in ([], ["demo"], ["run"], ["scale"], ["bench"], ["smoke"]):
+    for command in ([], ["demo"], ["run"], ["scale"], ["bench"], ["smoke"], ["simulate"]):
         out = easyscale(*command, "--help")
         assert out.returncode == 0 and "usage: easyscale" in out.stdout
 
