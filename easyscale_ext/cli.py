@@ -47,13 +47,17 @@ def run(args) -> int:
 
 
 def scale(args) -> int:
-    from .elastic import request_scale
+    from .elastic import request_scale, request_split
 
     try:
-        request_scale(args.store, args.procs)
+        if args.split:
+            request_split(args.store, args.split)
+        else:
+            request_scale(args.store, args.procs)
     except (RuntimeError, ValueError) as e:
         raise SystemExit(f"easyscale scale: cannot reach the job store at {args.store}: {e}")
-    print(f"easyscale: asked the job at {args.store} to run on {args.procs} processes")
+    asked = f"split its virtual workers {args.split}" if args.split else f"run on {args.procs} processes"
+    print(f"easyscale: asked the job at {args.store} to {asked}")
     return 0
 
 
@@ -143,6 +147,16 @@ def cpu_list(text: str) -> list:
     return cpus
 
 
+def sizes_list(text: str) -> list:
+    try:
+        sizes = [int(k) for k in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive worker counts like 6,3,3, got {text!r}")
+    return sizes
+
+
 ISA_HELP = "D2's instruction-set floor for every process: AVX2 (default), AVX or SSE4.1"
 
 
@@ -185,9 +199,12 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=0, help="job store port (default: any free port)")
     p.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
     p.set_defaults(run=run)
-    p = sub.add_parser("scale", help="ask a running elastic job to change its number of processes")
+    p = sub.add_parser("scale", help="ask a running elastic job to change its processes or their split")
     p.add_argument("--store", required=True, help="HOST:PORT printed by `easyscale run`")
-    p.add_argument("--procs", type=positive, required=True, help="processes to run on")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--procs", type=positive, help="processes to run on")
+    what.add_argument("--split", type=sizes_list, metavar="K0,K1,...",
+                      help="virtual workers of each process, in rank order (summing to N)")
     p.set_defaults(run=scale)
     p = sub.add_parser("bench", help="run the benchmarks recorded in BENCHMARKS.md")
     p.add_argument("--quick", action="store_true", help="fewer repeats, smaller cases")

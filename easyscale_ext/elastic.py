@@ -50,6 +50,14 @@ def request_scale(address: str, procs: int) -> None:
     connect(address, 30).set("target", str(procs))
 
 
+def request_split(address: str, sizes: List[int]) -> None:
+    """Ask a running job to give its processes, in rank order, these numbers of virtual workers (at the
+    next step boundary, in place; e.g. from a scheduler that knows the devices' speeds)."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"every process needs at least one virtual worker, got {sizes}")
+    connect(address, 30).set("split", json.dumps([int(k) for k in sizes]))
+
+
 @dataclass
 class ScaleEvent:
     step: int
@@ -187,16 +195,23 @@ class ElasticMember:
         return True
 
     def _rebalance(self, ddp, step: int) -> Optional[List[int]]:
-        """Every balancer interval: gather each process's seconds per virtual worker; rank 0's
-        Balancer may propose new range sizes (None elsewhere, or when it keeps the split)."""
-        if self.balancer is None or step % self.balancer.interval:
-            return None
-        seconds = [None] * len(self.members)
-        dist.all_gather_object(seconds, ddp.seconds_per_worker())
-        if self.rank != 0 or None in seconds:
-            return None
-        sizes = [hi - lo for lo, hi in ddp.ranges]
-        return self.balancer.propose(step, sizes, seconds)
+        """New range sizes for rank 0 to decide on (None elsewhere, or to keep the split): a split
+        requested through the store, else, every balancer interval, the Balancer's proposal from each
+        process's measured seconds per virtual worker."""
+        proposal = None
+        if self.balancer is not None and step % self.balancer.interval == 0:
+            seconds = [None] * len(self.members)
+            dist.all_gather_object(seconds, ddp.seconds_per_worker())
+            if self.rank == 0 and None not in seconds:
+                proposal = self.balancer.propose(step, [hi - lo for lo, hi in ddp.ranges], seconds)
+        if self.rank == 0 and self.store.check(["split"]):
+            requested = json.loads(self.store.get("split"))
+            self.store.delete_key("split")
+            if len(requested) == len(self.members) and min(requested) >= 1 and sum(requested) == ddp.world_size:
+                return requested
+            print(f"easyscale: ignoring the split {requested}: it needs {len(self.members)} sizes >= 1 summing "
+                  f"to {ddp.world_size}", file=sys.stderr, flush=True)
+        return proposal
 
     def _pending(self) -> bool:
         return self.store.check(["target"]) and int(self.store.get("target")) != len(self.members)

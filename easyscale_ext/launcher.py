@@ -18,9 +18,10 @@ from .elastic import ID_ENV, JOIN_ENV, STORE_ENV
 class ElasticLauncher:
     def __init__(self, argv: Sequence[str], procs: int, host: str = "127.0.0.1", port: int = 0,
                  env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None,
-                 cpus: Optional[Sequence[int]] = None):
+                 cpus: Optional[Sequence[int]] = None, env_per_process: Optional[Sequence[Dict[str, str]]] = None):
         """`cpus`: the i-th process started (joiners included) runs on core cpus[i % len(cpus)]; listing
-        a core twice makes processes share it (heterogeneous speeds on one machine)."""
+        a core twice makes processes share it (heterogeneous speeds on one machine). `env_per_process`:
+        variables added for the i-th process likewise (e.g. an older machine's instruction-set caps)."""
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
         self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
@@ -28,13 +29,15 @@ class ElasticLauncher:
                                    timeout=timedelta(seconds=300))
         self.address = f"{host}:{self.store.port}"
         self.cpus = list(cpus or [])
+        self.env_per_process = list(env_per_process or [{}])
         self.children: Dict[str, subprocess.Popen] = {}
         self.spawned = 0
 
     def _spawn(self, joining: bool) -> str:
         worker = f"w{self.spawned}"
         self.spawned += 1
-        env = dict(self.env, **{STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
+        env = dict(self.env, **self.env_per_process[(self.spawned - 1) % len(self.env_per_process)])
+        env.update({STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
         out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
         child = self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         if self.cpus:  # pinned while the interpreter starts, before it starts any thread

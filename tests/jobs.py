@@ -43,7 +43,7 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
             return f.read()
 
 
-def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, **options) -> str:
+def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_per_process=None, **options) -> str:
     """An in-place scaling run under easyscale_ext.launcher; returns the final rank 0's hash."""
     from easyscale_ext.launcher import ElasticLauncher
 
@@ -51,7 +51,8 @@ def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, **opti
         out = os.path.join(tmp, "hash")
         args = [sys.executable, JOB, "--mode", "easyscale", "--elastic", "1", "--schedule", schedule, "--out", out]
         args += _flags(options)
-        launcher = ElasticLauncher(args, procs, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp, cpus=cpus)
+        launcher = ElasticLauncher(args, procs, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp, cpus=cpus,
+                                   env_per_process=env_per_process)
         code = launcher.run(timeout_s=timeout)
         logs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".log"))
         if code != 0 or not os.path.exists(out):

@@ -6,8 +6,10 @@ import random
 
 import pytest
 
+from easyscale_ext import determinism
 from easyscale_ext.balance import Balancer, optimal_split, step_time, waste
 from jobs import run_elastic, run_job
+from test_ddp import OLDER, needs_older
 
 
 def brute_force(n, speeds):
@@ -72,6 +74,20 @@ def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):
     assert sizes[0] > 4 and sizes[1] + sizes[2] < 8, f"even 4,4,4 became {sizes}: not off the shared core"
     lines = samples.read_text().splitlines()  # exactly-once data across the rebalance
     assert len(lines) == len(set(lines)) and sorted(lines) == sorted(fixed_samples.read_text().splitlines())
+
+
+@needs_older
+def test_split_change_across_instruction_sets_under_d2_keeps_the_bits(tmp_path):
+    # Process 0 on this CPU held to the floor, processes 1 and 2 emulating the older machine; a split
+    # requested through the store (as a scheduler would) moves workers between them at step 4.
+    d2 = determinism.environment("D2", isa=OLDER)
+    older = dict(d2, **determinism.isa_caps(OLDER))
+    events = tmp_path / "events"
+    digest = run_elastic(3, "", env_per_process=[d2, older, older], split_at=4, split="6,4,2", level="D2",
+                         log_events=events, **WORK)
+    assert [line.split()[3:] for line in events.read_text().splitlines()] == [["6", "4", "2"]] * 3
+    assert digest == run_job("reference", level="D2", env_per_rank=[d2], **WORK)
+    assert digest != run_job("reference", level="D1", env_per_rank=[determinism.environment("D1")], **WORK)
 
 
 def test_equal_speeds_rebalance_at_most_once(tmp_path):

@@ -46,6 +46,8 @@ def test_every_command_has_help():
     (["run", "--procs", "1", "--level", "D1", "--isa", "AVX", "--", "x.py"], "applies to determinism D2 only"),
     (["demo", "--isa", "SSE4.1"], "applies to determinism D2 only"),
     (["run", "--procs", "2", "--cpus", "0,4096", "--", "x.py"], "cores [4096] are not available here"),
+    (["scale", "--store", "127.0.0.1:1", "--split", "3,0"], "expected positive worker counts"),
+    (["scale", "--store", "127.0.0.1:1", "--split", "3,1", "--procs", "2"], "not allowed with argument"),
 ])
 def test_demo_and_run_argument_errors(args, message):
     out = easyscale(*args)

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import json
 import os
 import random
 import sys
@@ -309,6 +310,8 @@ def run_easyscale(args, model, data, opt):
             if member is not None:
                 if step in schedule and ddp.rank == 0:
                     member.store.set("target", str(schedule[step]))
+                if step == args.split_at and ddp.rank == 0:
+                    member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
                 if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block)):
                     return False
                 loader.reassign(ddp.local_ranks)
@@ -355,6 +358,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--broadcast-buffers", type=int, default=1)
+    ap.add_argument("--split-at", type=int, default=0, help="rank 0 requests --split at this step")
+    ap.add_argument("--split", default="", help="virtual workers per process, e.g. 6,3,3")
     ap.add_argument("--balance", type=int, default=0, help="rebalance virtual workers by measured speed")
     ap.add_argument("--freeze", type=float, default=0.0, help="freeze layers at this gradient-norm change")
     ap.add_argument("--log-freeze", default="", help="append rank 0's freezing log and exchanged elements")
