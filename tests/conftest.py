@@ -91,3 +91,21 @@ def _restore_num_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+# The scheduling simulator's tests read the traces in ../shared/data; without them they skip, saying so.
+@pytest.fixture(scope="session")
+def data():
+    from easyscale_ext.sched.data import data_dir
+
+    try:
+        return data_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"scheduling traces not found: {e}")
+
+
+@pytest.fixture(scope="session")
+def apps(data):
+    from easyscale_ext.sched.application import Applications
+
+    return Applications(data)
