@@ -14,10 +14,12 @@ from tqdm import tqdm
 from .application import Applications
 from .cluster import DEFAULT, Cluster
 from .data import data_dir
+from .edl import EdlPolicy
 from .fifo import FifoPolicy
 from .metrics import isolated_runtimes, summarize
 from .optimus import OptimusPolicy
 from .pollux import PolluxPolicy
+from .saxena import SaxenaPolicy
 from .simulator import SimConfig, simulate
 from .tiresias import TiresiasPolicy
 from .workload import load_workload
@@ -28,6 +30,9 @@ POLICIES = {
     "tiresias": lambda seed: TiresiasPolicy(),
     "optimus": lambda seed: OptimusPolicy(),
     "pollux": lambda seed: PolluxPolicy(seed=seed),
+    "edl": lambda seed: EdlPolicy(),
+    "saxena": lambda seed: SaxenaPolicy(),
+    "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
 }
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
 

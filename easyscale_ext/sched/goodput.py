@@ -5,6 +5,7 @@ global batch being M = r * m * (s + 1). Candidate batch sizes are 50 points spac
 max(M0, r * m_min) and the application's largest validated batch, as in the artifact.
 """
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -59,3 +60,25 @@ def fixed_batch_config(batch_size, num_replicas, app):
 def cap_local_bsz(local_bsz, accum_steps, num_replicas, app):
     """The artifact never lets the global batch exceed the largest validated one."""
     return min(local_bsz, math.floor(app.max_batch_size / (num_replicas * (accum_steps + 1))))
+
+
+def packed(num_gpus, per_node) -> tuple:
+    """GPUs per node of `num_gpus` GPUs packed on full nodes."""
+    full, rest = divmod(num_gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
+
+
+@lru_cache(maxsize=None)
+def iteration_times(app, batch_size, per_node, gpu_type, total_gpus) -> tuple:
+    """Measured time of one iteration at the fixed global batch `batch_size` on 0..max GPUs packed on full nodes
+    (index = GPUs; entry 0 unused); the max as in the Pollux artifact: the batch over the smallest micro-batch
+    (one GPU for single-GPU applications), at most the cluster's GPUs."""
+    max_gpus = 1 if app.single_gpu else min(batch_size // app.min_local_bsz, total_gpus)
+    times = [np.inf]
+    for r in range(1, max_gpus + 1):
+        local, accum = fixed_batch_config(batch_size, r, app)
+        accum = max(accum, 1) if r == 1 else accum
+        local = cap_local_bsz(local, accum, r, app)
+        step, sync = app.profile(gpu_type).step_time(packed(r, per_node), local)
+        times.append(step + accum * (step - sync))
+    return tuple(times)

@@ -56,3 +56,25 @@ def place(free: np.ndarray, num_gpus: int, nodes: np.ndarray, best_fit: bool = F
         avail[node] -= take
         alloc += [node] * take
     return tuple(alloc)
+
+
+def grant_by_marginal_gain(count: dict, room: int, marginal) -> None:
+    """Hand out `room` GPUs one at a time, each to the job whose marginal(name) (its gain from one
+    more GPU, given count[name]) is largest, while some gain is positive. Updates `count`."""
+    gain = {name: marginal(name) for name in count}
+    while room > 0 and gain and max(gain.values()) > 0:
+        name = max(gain, key=gain.get)
+        count[name] += 1
+        room -= 1
+        gain[name] = marginal(name)
+
+
+def place_counts(counts: dict, allocations: dict, cluster, gpu_type) -> dict:
+    """Allocations giving each job `counts[job]` GPUs of `gpu_type`: a job whose count is unchanged keeps its
+    GPUs; the others are placed, fewest GPUs first, on the emptiest nodes. Jobs with no GPUs are left out."""
+    result = {n: a for n, a in allocations.items() if len(a) == counts.get(n)}
+    free = cluster.free(result)
+    for name in sorted(counts, key=counts.get):
+        if counts[name] and name not in result:
+            result[name] = place(free, counts[name], cluster.nodes_of(gpu_type))
+    return result

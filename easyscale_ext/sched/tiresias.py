@@ -15,17 +15,27 @@ class TiresiasPolicy(Policy):
     def __init__(self):
         self.queues = ([], [])  # job names, in order of entry
 
-    def optimize(self, now, jobs, cluster, allocations):
-        by_name = {j.name: j for j in jobs}
+    def priority(self, by_name) -> list:
+        """Job names in 2D-LAS order (first queue first, each in order of entry), demoting jobs as they pass
+        the threshold of attained service."""
         high, low = (list(filter(by_name.__contains__, q)) for q in self.queues)
         known = set(high) | set(low)
         high += [name for name in by_name if name not in known]
-        for name in [n for n in high if by_name[n].run_s * by_name[n].spec.num_gpus >= DEMOTE_GPU_S]:
+        for name in [n for n in high if self.service(by_name[n]) >= DEMOTE_GPU_S]:
             high.remove(name)
             low.append(name)
         self.queues = (high, low)
+        return high + low
+
+    @staticmethod
+    def service(job) -> float:
+        """GPU-seconds attained, counted on the GPUs the job asked for (a rigid job holds exactly those)."""
+        return job.run_s * job.spec.num_gpus
+
+    def optimize(self, now, jobs, cluster, allocations):
+        by_name = {j.name: j for j in jobs}
         room, admitted = cluster.room(cluster.gpus), {}
-        for name in high + low:
+        for name in self.priority(by_name):
             now_on = cluster.types[allocations[name][0]] if name in allocations else None
             gpu_type = gpu_type_for(room, by_name[name].spec.num_gpus, prefer=now_on)
             if gpu_type is not None:
