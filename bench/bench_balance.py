@@ -79,7 +79,8 @@ def main() -> None:
                 results["rebalanced_at"].append(r["rebalanced_at"])
                 results["sizes"].append(r["sizes"])
     even, balanced, ideal = (statistics.median(results[k]) for k in ("even", "balanced", "ideal"))
-    print(f"N={args.n}, batch {args.batch}, 3 processes on cores {cpus}, steps {args.settle}-{args.steps}, medians of {args.repeats}")
+    print(f"N={args.n}, batch {args.batch}, 3 processes on cores {cpus}, steps {args.settle}-{args.steps}, "
+          f"medians of {args.repeats}")
     print(f"throughput (micro-batches/s): even {even:.1f}, balanced {balanced:.1f}, ideal {ideal:.1f}")
     print(f"balanced / ideal {balanced / ideal:.2f}, balanced / even {balanced / even:.2f}")
     print(f"rebalanced at steps {results['rebalanced_at']} to sizes {results['sizes']}")

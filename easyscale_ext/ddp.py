@@ -203,8 +203,8 @@ class EasyScaleDDP(nn.Module):
                                  f"on rank {r}; every process must pass the same N")
             if theirs != setting:
                 raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
-                                 "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer or model parameters); "
-                                 "start every process with the same arguments")
+                                 "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer or model "
+                                 "parameters); start every process with the same arguments")
         ranges = [tuple(m) for _, m in gathered]
         at = 0
         for r, (lo, hi) in enumerate(ranges):
