@@ -72,6 +72,8 @@ def demo(args) -> int:
         determinism.job_isa(args.level, args.isa)
     except ValueError as e:
         raise SystemExit(f"easyscale demo: {e}")
+    if args.balance and (args.n < 3 or len(os.sched_getaffinity(0)) < 2):
+        raise SystemExit("easyscale demo --balance: needs N >= 3 (3 processes) and two CPU cores")
     if args.fixed_procs > args.n:
         raise SystemExit(f"easyscale demo: --fixed-procs {args.fixed_procs} exceeds N={args.n}: every process "
                          "needs a virtual worker")
@@ -182,6 +184,9 @@ def main(argv=None) -> int:
     p.add_argument("--level", default="D1", type=level, help="determinism level D0, D1 or D2 (default D1)")
     p.add_argument("--isa", type=isa, help=ISA_HELP)
     p.add_argument("--out", default="easyscale-demo", help="output folder (default ./easyscale-demo)")
+    p.add_argument("--balance", action="store_true",
+                   help="instead of --schedule: 3 processes, one alone on a core and two sharing another, "
+                        "rebalanced in place by measured speed (use N >= 6, e.g. --n 12)")
     p.add_argument("--freeze", type=float, default=0.0, metavar="THRESHOLD",
                    help="freeze converged layers (AutoFreeze's gradient-norm change below THRESHOLD, e.g. 0.1) "
                         "and compare with the same fixed job unfrozen")

@@ -115,6 +115,7 @@ class EasyScaleDDP(nn.Module):
         self._current: Optional[int] = None
         self._callback_queued = False
         self._worker_seconds = collections.deque(maxlen=16)  # forward + backward per worker, recent steps
+        self._warmed_up = False  # the first step pays one-off costs (allocations, oneDNN primitives): not a speed
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -379,12 +380,14 @@ class EasyScaleDDP(nn.Module):
                 torch.cuda.synchronize(self.device)
             compute += time.perf_counter() - start
             self._switch_out(v)
-        self._worker_seconds.append(compute / len(batches))
+        if self._warmed_up:
+            self._worker_seconds.append(compute / len(batches))
+        self._warmed_up = True
         self._finish_step()
 
     def seconds_per_worker(self) -> Optional[float]:
         """Median forward + backward time of one local virtual worker over recent steps (None before
-        the first step): the speed a Balancer sizes this process's share of the virtual workers by."""
+        the second step): the speed a Balancer sizes this process's share of the virtual workers by."""
         return statistics.median(self._worker_seconds) if self._worker_seconds else None
 
     def forward(self, *inputs, **kwargs):

@@ -75,7 +75,9 @@ def worker(args) -> int:
     from easyscale_ext.checkpoint import Checkpointer, Position
     from easyscale_ext.elastic import ElasticMember
 
-    member = ElasticMember()
+    from easyscale_ext.balance import Balancer
+
+    member = ElasticMember(balance=Balancer(interval=4) if args.balance else False)
     torch.manual_seed(args.seed)
     net = model()
     freezer = None
@@ -115,6 +117,7 @@ def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, m
             step += 1
             here = Position(step, epoch, loader.next_step)
             record = {"step": step, "time": time.time(), "procs": dist.get_world_size(),
+                      "split": [hi - lo for lo, hi in ddp.ranges],
                       "frozen": ddp.freezer.frozen if ddp.freezer is not None else 0}
             if worker0_loss is not None:
                 record["loss"] = worker0_loss
@@ -191,7 +194,12 @@ def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total:
     from . import determinism
 
     env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level, args.isa))
-    launcher = ElasticLauncher(argv, procs, env=env, log_dir=os.path.join(args.out, "logs"))
+    cpus = None
+    if args.balance and run == "elastic":  # one process alone on a core, two sharing another
+        argv.append("--balance")
+        cores = sorted(os.sched_getaffinity(0))
+        cpus = [cores[0], cores[1], cores[1]]
+    launcher = ElasticLauncher(argv, procs, env=env, log_dir=os.path.join(args.out, "logs"), cpus=cpus)
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("code", launcher.run(timeout_s=1800)))
     thread.start()
@@ -213,7 +221,7 @@ def steps_per_epoch(n: int) -> int:
 
 
 def demo(args) -> int:
-    segments = parse_schedule(args.schedule, args.n)
+    segments = [[3]] if args.balance else parse_schedule(args.schedule, args.n)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     if not os.access(args.out, os.W_OK):
         raise SystemExit(f"easyscale demo: output folder {args.out} is not writable")
@@ -227,8 +235,9 @@ def demo(args) -> int:
     events = sum(len(s) for s in segments) - 1
     stride = max(1, total // (events + 1))
     print(f"easyscale demo: {args.n} virtual workers, {args.epochs} epochs ({total} steps) on digits; "
-          f"elastic schedule {args.schedule} ('|' = restart from a checkpoint), then a fixed run on "
-          f"{args.fixed_procs} processes")
+          + ("elastic run on 3 processes, one alone on a core and two sharing another, rebalanced by measured "
+             "speed" if args.balance else f"elastic schedule {args.schedule} ('|' = restart from a checkpoint)")
+          + f", then a fixed run on {args.fixed_procs} processes")
     at = 0
     for i, counts in enumerate(segments):
         requests = []
@@ -251,11 +260,12 @@ def report(args, total: int) -> int:
         runs[run] = records
         phases, start = [], 0
         for i in range(1, len(records) + 1):
-            if i == len(records) or records[i]["procs"] != records[start]["procs"]:
+            if i == len(records) or records[i]["split"] != records[start]["split"]:
                 seg = records[start:i]
-                secs = seg[-1]["time"] - seg[0]["time"]
-                rate = (len(seg) - 1) * args.n * BATCH / secs if secs > 0 and len(seg) > 1 else float("nan")
-                phases.append(f"P={seg[0]['procs']}: steps {seg[0]['step']}-{seg[-1]['step']}, {rate:.0f} samples/s")
+                secs = (seg[-1]["time"] - seg[0]["time"]) / (len(seg) - 1) if len(seg) > 1 else float("nan")
+                split = ",".join(map(str, seg[0]["split"]))
+                phases.append(f"P={seg[0]['procs']} ({split}): steps {seg[0]['step']}-{seg[-1]['step']}, "
+                              f"{args.n * BATCH / secs:.0f} samples/s, {1000 * secs:.1f} ms/step")
                 start = i
         acc = [r["accuracy"] for r in records if "accuracy" in r]
         seconds = records[-1]["time"] - records[0]["time"]
@@ -334,6 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--level", default="D1")
     ap.add_argument("--out", default="out")
     ap.add_argument("--freeze", type=float, default=0.0)
+    ap.add_argument("--balance", action="store_true")
     args = ap.parse_args(argv)
     return worker(args)
 

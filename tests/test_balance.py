@@ -58,22 +58,27 @@ def two_cores():
     return cores[:2]
 
 
-WORK = dict(n=12, steps=6, batch=128)  # workers long enough (ms) for time-sharing to show
+WORK = dict(n=12, steps=8, batch=128)  # workers long enough (ms) for time-sharing to show
 
 
 def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):
     alone, shared = two_cores()
     events, samples, fixed_samples = tmp_path / "events", tmp_path / "samples", tmp_path / "fixed"
+    times = tmp_path / "times"
     # process 0 alone on a core, processes 1 and 2 sharing the other: speeds about 1 : 1/2 : 1/2
     digest = run_elastic(3, "", cpus=[alone, shared, shared], balance=1, log_events=events, log_samples=samples,
-                         **WORK)
+                         log_times=times, **WORK)
     assert digest == run_job("easyscale", procs=1, log_samples=fixed_samples, **WORK)
-    rebalances = [list(map(int, line.split())) for line in events.read_text().splitlines()]
-    assert rebalances, "no rebalance: the processes sharing a core were not measured slower"
-    sizes = rebalances[0][3:]
-    assert sizes[0] > 4 and sizes[1] + sizes[2] < 8, f"even 4,4,4 became {sizes}: not off the shared core"
-    lines = samples.read_text().splitlines()  # exactly-once data across the rebalance
+    lines = samples.read_text().splitlines()  # exactly-once data, across the rebalance if there was one
     assert len(lines) == len(set(lines)) and sorted(lines) == sorted(fixed_samples.read_text().splitlines())
+    if not events.exists():  # a failure only where the processes were measured at the speeds pinning gives
+        rows = [line.split() for line in times.read_text().splitlines()]
+        last = {worker: float(seconds) for worker, step, _, _, seconds in rows if int(step) == WORK["steps"]}
+        if max(last.values()) < 1.5 * min(last.values()):
+            pytest.skip(f"this machine did not slow the processes sharing a core (seconds per worker: {last})")
+        pytest.fail(f"no rebalance, though the processes' seconds per worker were {last}")
+    sizes = list(map(int, events.read_text().splitlines()[0].split()))[3:]
+    assert sizes[0] > 4 and sizes[1] + sizes[2] < 8, f"even 4,4,4 became {sizes}: not off the shared core"
 
 
 @needs_older

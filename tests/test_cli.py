@@ -1,4 +1,5 @@
 """The command line: argument errors exit non-zero with a message and no traceback."""
+import os
 import subprocess
 import sys
 
@@ -45,6 +46,7 @@ def test_every_command_has_help():
     (["run", "--procs", "1", "--level", "D2", "--isa", "AVX9", "--", "x.py"], "unknown instruction-set floor"),
     (["run", "--procs", "1", "--level", "D1", "--isa", "AVX", "--", "x.py"], "applies to determinism D2 only"),
     (["demo", "--isa", "SSE4.1"], "applies to determinism D2 only"),
+    (["demo", "--balance", "--n", "2"], "needs N >= 3"),
     (["run", "--procs", "2", "--cpus", "0,4096", "--", "x.py"], "cores [4096] are not available here"),
     (["scale", "--store", "127.0.0.1:1", "--split", "3,0"], "expected positive worker counts"),
     (["scale", "--store", "127.0.0.1:1", "--split", "3,1", "--procs", "2"], "not allowed with argument"),
@@ -64,3 +66,13 @@ def test_short_demo_is_bitwise_identical_and_plots(tmp_path):
     assert "froze layer" in out.stdout and "unfrozen: P=2" in out.stdout
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_demo_on_mixed_speed_processes_reports_the_splits_and_the_bits(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to give processes different speeds")
+    out = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "demo", "--balance", "--n", "6", "--epochs", "2",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "elastic: P=3 (2,2,2): steps 1-" in out.stdout  # later splits depend on the measured speeds
+    assert "verdict: bitwise identical" in out.stdout

@@ -244,7 +244,7 @@ def run_easyscale(args, model, data, opt):
     if args.elastic:
         from easyscale_ext.elastic import ElasticMember
         from easyscale_ext.balance import Balancer
-        member = ElasticMember(balance=Balancer(interval=2, threshold=0.15, patience=2) if args.balance else False)
+        member = ElasticMember(balance=Balancer(interval=1, threshold=0.15, patience=2) if args.balance else False)
         if args.log_events:
             def record(event):
                 with open(args.log_events, "a") as f:
@@ -300,7 +300,7 @@ def run_easyscale(args, model, data, opt):
             here = Position(step, epoch, loader.next_step)
             if times:
                 times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
-                            f"{len(ddp.local_ranks)} {ddp.seconds_per_worker():.6f}\n")
+                            f"{len(ddp.local_ranks)} {ddp.seconds_per_worker() or float('nan'):.6f}\n")
                 times.flush()
             if args.kill_at == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
                     and ddp.rank == args.procs - 1:
