@@ -67,13 +67,14 @@ def demo(args) -> int:
     from . import demo as demo_module
     from . import determinism
 
+    if args.balance and (args.n < 3 or len(os.sched_getaffinity(0)) < 2):
+        raise SystemExit("easyscale demo --balance: needs N >= 3 (3 processes) and two CPU cores")
     try:
-        demo_module.parse_schedule(args.schedule, args.n)
+        if not args.balance:  # --balance runs its own 3 processes
+            demo_module.parse_schedule(args.schedule, args.n)
         determinism.job_isa(args.level, args.isa)
     except ValueError as e:
         raise SystemExit(f"easyscale demo: {e}")
-    if args.balance and (args.n < 3 or len(os.sched_getaffinity(0)) < 2):
-        raise SystemExit("easyscale demo --balance: needs N >= 3 (3 processes) and two CPU cores")
     if args.fixed_procs > args.n:
         raise SystemExit(f"easyscale demo: --fixed-procs {args.fixed_procs} exceeds N={args.n}: every process "
                          "needs a virtual worker")
