@@ -59,14 +59,31 @@ class Application:
 
     def step_ratio(self, gpu_type: str) -> float:
         """EasyScale's step time on `gpu_type` over its step time on a T4, for this application's model."""
+        return self._easyscale_ratio(lambda t: t["d0"][gpu_type] / t["d0"]["t4"])
+
+    @cached_property
+    def d2_cost(self) -> float:
+        """What D2 (one result on every GPU type) costs: EasyScale's D2 over plain-DDP step time, for this
+        application's model, the geometric mean over the GPU types it measured."""
+        return self._easyscale_ratio(lambda t: float(np.exp(np.mean([np.log(t["d2"][g] / t["d0"][g])
+                                                                      for g in t["d0"]]))))
+
+    def _easyscale_ratio(self, ratio) -> float:
+        """ratio({"d0"|"d2": {GPU type: step time}}) on EasyScale's measurements of this application's model;
+        for an application it has no model for, the geometric mean over its models."""
         cols = read_csv(self.data / "easyscale" / "gpu_step_times.csv")
-        ratio = {}
+        values = {}
         for model in dict.fromkeys(cols["model"]):
             mine = cols["model"] == model
-            time = {gpu: cols["step_s_d0"][mine & (cols["gpu"] == gpu)][0] for gpu in (gpu_type, "t4")}
-            ratio[model] = time[gpu_type] / time["t4"]
+            values[model] = ratio({level: dict(zip(cols["gpu"][mine], cols[f"step_s_{level}"][mine]))
+                                   for level in ("d0", "d2")})
         model = EASYSCALE_MODEL.get(self.name)
-        return ratio[model] if model else float(np.exp(np.mean(np.log(list(ratio.values())))))
+        return values[model] if model else float(np.exp(np.mean(np.log(list(values.values())))))
+
+    def worker_compute_time(self, gpu_type: str, local_bsz: int) -> float:
+        """Seconds one GPU of `gpu_type` computes one micro-batch of `local_bsz` (a single-GPU step, no sync)."""
+        step, sync = self.profile(gpu_type).step_time((1,), local_bsz)
+        return step - sync
 
     @cached_property
     def total_progress(self) -> float:

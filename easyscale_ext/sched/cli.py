@@ -11,9 +11,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import workload
 from .application import Applications
 from .cluster import DEFAULT, Cluster
 from .data import data_dir
+from .easyscale import EasyScalePolicy
 from .edl import EdlPolicy
 from .fifo import FifoPolicy
 from .metrics import isolated_runtimes, summarize
@@ -31,9 +33,12 @@ POLICIES = {
     "optimus": lambda seed: OptimusPolicy(),
     "pollux": lambda seed: PolluxPolicy(seed=seed),
     "edl": lambda seed: EdlPolicy(),
+    "easyscale-heter": lambda seed: EasyScalePolicy(heterogeneous=True),
+    "easyscale-homo": lambda seed: EasyScalePolicy(heterogeneous=False),
     "saxena": lambda seed: SaxenaPolicy(),
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
 }
+EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
 
 
@@ -55,7 +60,29 @@ def add_parser(subparsers):
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
+    w = subparsers.add_parser("workload", help="write an EasyScale-format workload drawn from the Philly trace",
+                              description=workload.easyscale_workload.__doc__.split("\n\n")[0])
+    w.add_argument("--out", required=True, help="the CSV file to write")
+    w.add_argument("--jobs", type=int, default=80, help="jobs to draw (default 80)")
+    w.add_argument("--hours", type=float, default=4.0, help="arrivals spread over this many hours (default 4)")
+    w.add_argument("--cluster", default=EASYSCALE_CLUSTER, help=f"COUNTxGPUS:TYPE,... (default {EASYSCALE_CLUSTER})")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--data", default=None, help="trace directory (as for simulate)")
+    w.set_defaults(run=make_workload)
     return p
+
+
+def make_workload(args) -> int:
+    try:
+        data = data_dir(args.data)
+    except FileNotFoundError as e:
+        raise SystemExit(f"easyscale workload: {e}")
+    trace = workload.load_workload(data / "pollux" / "traces" / "philly.csv")
+    specs = workload.easyscale_workload(trace, Applications(data), Cluster.parse(args.cluster), args.jobs,
+                                        args.hours, args.seed)
+    workload.write_easyscale_workload(specs, args.out)
+    print(f"wrote {len(specs)} jobs to {args.out}")
+    return 0
 
 
 def run_one(name, args, position=0):

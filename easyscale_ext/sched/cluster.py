@@ -61,6 +61,14 @@ class Cluster:
         return room
 
 
+    def groups(self, alloc) -> dict:
+        """{GPU type: GPUs per node} of an allocation (a node index per GPU)."""
+        by_type = {}
+        for node in alloc:
+            by_type.setdefault(self.types[node], []).append(node)
+        return {t: placement_of(nodes) for t, nodes in by_type.items()}
+
+
 def placement_of(alloc) -> tuple:
     """GPUs per node of an allocation (a node index per GPU), nodes in the order they first appear."""
     counts = {}

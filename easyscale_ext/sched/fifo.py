@@ -1,8 +1,8 @@
 """FIFO / YARN-CS: jobs run on the GPUs they asked for, started in arrival order, never preempted or resized.
 
 The head of the queue blocks the jobs behind it (no backfilling), as in YARN's capacity scheduler. Jobs are
-packed (best fit) on one GPU type. `serial` is the variant of EasyScale's artifact, which starts at most one
-job per round.
+packed (best fit) on one GPU type: the job's preferred one where it names one. `serial` is the variant of
+EasyScale's artifact, which starts at most one job per round.
 """
 from .policy import Policy, gpu_type_for, place
 
@@ -19,7 +19,8 @@ class FifoPolicy(Policy):
         for job in jobs:
             if job.name in result:
                 continue
-            gpu_type = gpu_type_for(room, job.spec.num_gpus)
+            preferred = job.spec.preferred_gpu  # a user who names a GPU type waits for it
+            gpu_type = gpu_type_for({preferred: room[preferred]} if preferred else room, job.spec.num_gpus)
             if gpu_type is None:
                 break
             result[job.name] = place(free, job.spec.num_gpus, cluster.nodes_of(gpu_type), best_fit=True)

@@ -1,10 +1,15 @@
 """Jobs as the simulator advances them: allocation bookkeeping, and how fast each kind of job progresses.
 
 An AppJob is one of the profiled applications: it progresses at its measured step time on its placement times
-the statistical efficiency of its batch size, until it has run its application's epochs. A TraceJob is a job
-of the Philly trace, known only by its duration on the GPUs it asked for: it runs on exactly those.
+the statistical efficiency of its batch size, until it has run its epochs. A VirtualWorkerJob is an AppJob of
+EasyScale's kind: D virtual workers with a fixed batch each, on any number of GPUs up to D, of one GPU type or
+(with D2) several. A TraceJob is a job of the Philly trace, known only by its duration on the GPUs it asked
+for: it runs on exactly those.
 """
 import math
+from functools import lru_cache
+
+from ..balance import optimal_split
 
 from . import goodput
 from .efficiency import gain
@@ -16,8 +21,9 @@ class Job:
         self.spec = spec
         self.name = spec.name
         self.arrival = spec.arrival
-        self.placement = ()  # GPUs on each node it holds
-        self.gpu_type = None
+        self.groups = {}  # GPU type -> GPUs on each node it holds of that type
+        self.placement = ()  # GPUs on each node it holds, all types
+        self.gpu_type = None  # the GPU type it runs on; None if none or several
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
         self.completion = None
         self.attained = 0.0  # GPU-seconds held
@@ -32,11 +38,16 @@ class Job:
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
 
-    def allocate(self, placement, gpu_type, delay):
-        """Run on `placement` (GPUs per node, () = stop) from now on; nothing progresses for `delay` seconds."""
-        self.placement, self.gpu_type = tuple(placement), gpu_type
-        self.delay_left = float(delay) if placement else 0.0
-        if placement:
+    def allocate(self, groups, delay):
+        """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
+        seconds."""
+        self.groups = {t: tuple(p) for t, p in groups.items() if p}
+        self.placement = sum(self.groups.values(), ())
+        self.gpu_type = next(iter(self.groups)) if len(self.groups) == 1 else None
+        if len(self.groups) > 1 and not self.spec.heterogeneous:
+            raise ValueError(f"{self.name} may not mix GPU types ({sorted(self.groups)}): it does not allow D2")
+        self.delay_left = float(delay) if self.placement else 0.0
+        if self.placement:
             self.starts += 1
             self._configure()
 
@@ -88,6 +99,7 @@ class AppJob(Job):
         self.batch_size = batch_size
         self.progress = 0.0  # steps at the initial batch size
         self.epoch = 0
+        self.epochs = min(spec.epochs or app.epochs, app.epochs)  # the validation profiles end at app.epochs
         self.local_bsz = 0
         self.accum_steps = 0
         self.observed = {}  # (nodes, replicas, micro-batch) -> (step time, sync time): what the agent measured
@@ -129,16 +141,18 @@ class AppJob(Job):
             fits[keys] = fit_perf_params(*cols)
         self.perf = fits[keys]
 
+    def iteration_time(self) -> float:
+        step, sync = self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz)
+        if self.batch_size is None:
+            self._observe(step, sync, self.app.noise.grad_stats(self.global_batch, self.epoch))
+        return step + self.accum_steps * (step - sync)
+
     def _work(self, now, seconds):
         app, used = self.app, 0.0
-        profile = app.profile(self.gpu_type)
         while True:
-            step, sync = profile.step_time(self.placement, self.local_bsz)
             batch = self.global_batch
             grad = app.noise.grad_stats(batch, self.epoch)
-            if self.batch_size is None:
-                self._observe(step, sync, grad)
-            rate = float(gain(*grad, batch / app.init_batch_size)) / (step + self.accum_steps * (step - sync))
+            rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time()
             need = app.noise.progress_at(self.epoch + 1) - self.progress
             if rate * (seconds - used) < need:
                 self.progress += rate * (seconds - used)
@@ -147,7 +161,7 @@ class AppJob(Job):
                 used += need / rate
                 self.progress = app.noise.progress_at(self.epoch + 1)
                 self.epoch += 1
-                if self.epoch == app.epochs:
+                if self.epoch == self.epochs:
                     self.completion = now + used
                     return used
             if self.batch_size is None:
@@ -156,8 +170,55 @@ class AppJob(Job):
                 return used
 
 
+class VirtualWorkerJob(AppJob):
+    """EasyScale's job: D virtual workers with batch b each, on any number of GPUs up to D (virtual_worker_step)."""
+
+    def __init__(self, spec, app):
+        super().__init__(spec, app, spec.batch_size)
+        self._iteration = 0.0
+
+    @property
+    def global_batch(self) -> int:
+        return self.spec.batch_size
+
+    def _configure(self):
+        d = self.spec.virtual_workers
+        if self.num_gpus > d:
+            raise ValueError(f"{self.name} has {d} virtual workers and cannot use {self.num_gpus} GPUs")
+        self.local_bsz, self.accum_steps = self.spec.batch_size // d, 0
+        self._iteration = virtual_worker_step(self.app, d, self.local_bsz, tuple(self.groups.items()))[0]
+
+    def iteration_time(self) -> float:
+        return self._iteration
+
+
+@lru_cache(maxsize=None)
+def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
+    """(seconds per step, EasyScale's waste) of `virtual_workers` workers of `local_bsz` samples on `groups`
+    ((GPU type, GPUs per node) pairs). Workers are spread by speed with balance.optimal_split, the runtime's own
+    rule. A GPU running k of them computes k - 1, then the last one overlapped with the exchange, as
+    accumulation steps do; the step lasts as long as the slowest GPU's. Mixed GPU types run at D2, whose
+    compute costs the application's measured D2/D0 ratio. Waste: the share of the GPUs' time idle while the
+    slowest computes."""
+    cost = app.d2_cost if len(groups) > 1 else 1.0
+    placement = sum((p for _, p in groups), ())
+    types = [t for t, p in groups for _ in range(sum(p))]
+    compute = {t: cost * app.worker_compute_time(t, local_bsz) for t, _ in groups}
+    sizes = optimal_split(virtual_workers, [1 / compute[t] for t in types])
+    step = 0.0
+    for k, t in zip(sizes, types):
+        full, sync = app.profile(t).step_time(placement, local_bsz)
+        step = max(step, (k - 1) * compute[t] + cost * (full - sync) + sync)
+    busy = [k * compute[t] for k, t in zip(sizes, types)]
+    return step, 1 - sum(busy) / (len(busy) * max(busy))
+
+
 def make_job(spec, apps, batch_size):
-    return TraceJob(spec) if spec.app is None else AppJob(spec, apps[spec.app], batch_size)
+    if spec.app is None:
+        return TraceJob(spec)
+    if spec.virtual_workers is not None:
+        return VirtualWorkerJob(spec, apps[spec.app])
+    return AppJob(spec, apps[spec.app], batch_size)
 
 
 def isolated_runtime(spec, apps, gpus_per_node, gpu_type) -> float:
@@ -165,7 +226,7 @@ def isolated_runtime(spec, apps, gpus_per_node, gpu_type) -> float:
     and never restarted: the reference for finish-time fairness."""
     job = make_job(spec, apps, spec.batch_size)
     full, rest = divmod(spec.num_gpus, gpus_per_node)
-    job.allocate((gpus_per_node,) * full + ((rest,) if rest else ()), gpu_type, 0.0)
+    job.allocate({gpu_type: (gpus_per_node,) * full + ((rest,) if rest else ())}, 0.0)
     horizon = spec.duration if spec.app is None else 1e9
     job.advance(0.0, horizon)
     return math.inf if job.completion is None else job.completion

@@ -12,6 +12,7 @@ import numpy as np
 class Policy:
     name = ""
     profiled = False  # needs jobs of profiled applications (models their throughput), not bare trace jobs
+    virtual_workers = False  # runs jobs as EasyScale's virtual workers (workload.as_virtual_workers)
 
     def batch_size(self, spec, app):
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""

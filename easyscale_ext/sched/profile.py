@@ -2,10 +2,11 @@
 
 A placement is a tuple of GPUs per node, e.g. (4, 2) = 4 GPUs on one node and 2 on another. A placement that
 was measured is looked up exactly (linear in the per-GPU batch between measured batches); any other is
-interpolated linearly in (nodes, replicas, per-GPU batch) over all measurements, as the Pollux artifact does.
+interpolated linearly in (nodes, replicas, per-GPU batch) over all measurements, as the Pollux artifact does;
+outside their convex hull, the nearest measurement stands in.
 """
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator
+from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from .data import read_csv
 
@@ -42,6 +43,7 @@ class StepTimeProfile:
                             np.stack([sc["step_time"], sc["sync_time"]], 1)])
         self._points = (x, y)
         self._interp = LinearNDInterpolator(x, y)
+        self._nearest = NearestNDInterpolator(x, y)  # outside the measurements' hull
         self._memo = {}
         self.min_local_bsz = int(min(pl["local_bsz"].min(), sc["local_bsz"].min()))
         self.max_local_bsz = int(max(pl["local_bsz"].max(), sc["local_bsz"].max()))
@@ -71,9 +73,10 @@ class StepTimeProfile:
         if measured is not None and measured[0][0] <= local_bsz <= measured[0][-1]:
             bsz, step, sync = measured
             return float(np.interp(local_bsz, bsz, step)), float(np.interp(local_bsz, bsz, sync))
-        step, sync = self._interp([min(len(placement), MAX_NODES), sum(placement), local_bsz])[0]
-        if not np.isfinite(step):
-            raise ValueError(f"placement {placement} at per-GPU batch {local_bsz} lies outside the measurements")
+        point = [min(len(placement), MAX_NODES), sum(placement), local_bsz]
+        step, sync = self._interp(point)[0]
+        if not np.isfinite(step):  # e.g. a batch measured on one node only: the nearest measurement
+            step, sync = self._nearest(point)[0]
         return float(step), float(sync)
 
     def samples(self):

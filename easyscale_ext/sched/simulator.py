@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .cluster import placement_of
 from .job import make_job
+from .workload import as_virtual_workers
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     if too_big:
         raise ValueError(f"{len(too_big)} jobs ask for more GPUs than the cluster {cluster.spec} has of one "
                          f"type, e.g. {too_big[0]}")
+    if policy.virtual_workers:
+        specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
@@ -87,9 +89,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                 continue
             if config.check and name in paused and job.progress != paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
-            types = {cluster.types[n] for n in alloc}
             delay = config.restart_s if job.starts else config.start_s
-            job.allocate(placement_of(alloc), types.pop() if types else None, delay)
+            job.allocate(cluster.groups(alloc), delay)
             _close(segments, opened, name, now)
             if alloc:
                 running[name] = job
@@ -120,8 +121,8 @@ def _check(now, allocations, active, cluster):
     if len(over):
         raise InvariantError(f"t={now}: node {over[0]} has {used[over[0]]} GPUs allocated of {cluster.gpus[over[0]]}")
     for name, alloc in allocations.items():
-        if len({cluster.types[n] for n in alloc}) > 1:
-            raise InvariantError(f"t={now}: {name} spans GPU types")
+        if len({cluster.types[n] for n in alloc}) > 1 and not active[name].spec.heterogeneous:
+            raise InvariantError(f"t={now}: {name} spans GPU types but does not allow it (D2)")
 
 
 def _close(segments, opened, name, end):

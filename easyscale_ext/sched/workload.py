@@ -1,6 +1,15 @@
-"""Workloads: the jobs to simulate, read from the Pollux artifact's workload files or from the Philly trace."""
-from dataclasses import dataclass
+"""Workloads: the jobs to simulate, read from the Pollux artifact's workload files, EasyScale's, or the Philly trace.
+
+EasyScale's artifact describes a job by its virtual workers D (`max_parallelism`), a batch per virtual worker,
+its epochs, whether it may run on mixed GPU types (`enable_heterogeneous_deterministic`, which needs D2) and a
+preferred GPU type. Such a job asks for D GPUs of its preferred type (one virtual worker each, as plain DDP
+would run it); its global batch is D times the per-worker batch, whatever GPUs run it.
+"""
+import csv
+from dataclasses import dataclass, replace
 from typing import Optional
+
+import numpy as np
 
 from .data import read_csv
 
@@ -13,8 +22,30 @@ class JobSpec:
     arrival: float
     num_gpus: int
     app: Optional[str] = None
-    batch_size: Optional[int] = None
+    batch_size: Optional[int] = None  # global
     duration: Optional[float] = None
+    virtual_workers: Optional[int] = None  # EasyScale's max_parallelism: at most this many GPUs, any split
+    heterogeneous: bool = False  # may mix GPU types (D2)
+    preferred_gpu: Optional[str] = None
+    epochs: Optional[int] = None  # None: the application's
+
+
+D2_MAX_COST = 1.1  # a job may mix GPU types where D2 costs its model at most this (step time over plain DDP's)
+
+
+def as_virtual_workers(spec, app) -> JobSpec:
+    """A job of another format as EasyScale runs it: its GPUs become virtual workers (more where its batch
+    needs them to keep within the largest per-GPU batch, instead of accumulation steps) sharing its global
+    batch; it may run on any GPU type, and mix types where D2 is cheap for its application."""
+    if spec.virtual_workers is not None:
+        return spec
+    d = max(spec.num_gpus, -(-spec.batch_size // app.max_local_bsz))
+    return replace(spec, batch_size=d * (spec.batch_size // d), virtual_workers=d,
+                   heterogeneous=bool(app.d2_cost <= D2_MAX_COST))
+
+
+EASYSCALE_COLUMNS = ("name", "time", "application", "max_parallelism", "batch_size", "epochs",
+                     "enable_heterogeneous_deterministic", "preferred_gpu")
 
 
 def load_workload(path, limit=None) -> list:
@@ -22,7 +53,11 @@ def load_workload(path, limit=None) -> list:
     and the Philly trace (timestamp,duration,num_gpus,...) are recognised by their columns. `limit` keeps the
     first jobs to arrive."""
     cols = read_csv(path)
-    if "application" in cols:
+    if "max_parallelism" in cols:
+        specs = [JobSpec(str(n), float(t), int(d), str(a), int(d) * int(b), virtual_workers=int(d),
+                         heterogeneous=bool(int(h)), preferred_gpu=str(g), epochs=int(e))
+                 for n, t, a, d, b, e, h, g in zip(*(cols[c] for c in EASYSCALE_COLUMNS))]
+    elif "application" in cols:
         specs = [JobSpec(str(n), float(t), int(g), str(a), int(b)) for n, t, a, g, b in
                  zip(cols["name"], cols["time"], cols["application"], cols["num_replicas"], cols["batch_size"])]
     elif "duration" in cols:
@@ -31,8 +66,61 @@ def load_workload(path, limit=None) -> list:
         specs = [JobSpec(f"philly-{i}", float(t), int(g), duration=float(d))
                  for i, (t, g, d) in enumerate(zip(arrival, cols["num_gpus"], cols["duration"]))]
     else:
-        raise ValueError(f"{path}: neither a Pollux workload (name,time,application,num_replicas,batch_size) "
-                         f"nor a Philly trace (timestamp,duration,num_gpus)")
+        raise ValueError(f"{path}: neither a Pollux workload (name,time,application,num_replicas,batch_size), "
+                         f"an EasyScale one ({','.join(EASYSCALE_COLUMNS)}) nor a Philly trace "
+                         f"(timestamp,duration,num_gpus)")
     order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, specs[i].name))
     specs = [specs[i] for i in order]
     return specs[:limit] if limit else specs
+
+
+def easyscale_workload(trace, apps, cluster, jobs=80, hours=4.0, seed=0) -> list:
+    """EasyScale-format jobs drawn from the Philly trace (`trace`: its JobSpecs) for the profiled applications.
+
+    Jobs are drawn among the trace's multi-GPU jobs (a 1-GPU job has nothing to scale; EasyScale's own workloads
+    declare 4 to 32 virtual workers). Each keeps its GPU count as its virtual workers D (at most the GPUs of its
+    preferred type) and its duration: it gets the epochs that take about that long on D GPUs of its preferred
+    type.
+    Arrivals are uniform over `hours`. The application is drawn among those that can run D workers (NCF runs on
+    one GPU); the preferred type in proportion to the cluster's GPUs of each type; the batch per worker is the
+    application's initial batch over D, at least its smallest per-GPU batch measured on every type. A job allows mixing GPU types where
+    D2 costs its model at most 10 % (EasyScale's measurements: the transformers, not the CNNs), as in
+    EasyScale's own workloads.
+    """
+    from .application import EPOCHS
+    from .goodput import packed
+    from .job import make_job
+
+    rng = np.random.default_rng(seed)
+    pool = [s for s in trace if s.num_gpus >= 2 and 300 <= s.duration <= 24 * 3600]
+    picks = rng.choice(len(pool), size=jobs, replace=False)
+    arrivals = np.sort(rng.uniform(0, hours * 3600, size=jobs)).round()
+    room = cluster.room(cluster.gpus)
+    per_node = {t: g for g, t in zip(cluster.gpus, cluster.types)}
+    types = sorted(room)
+    out = []
+    for i, (pick, arrival) in enumerate(zip(picks, arrivals)):
+        trace_job = pool[pick]
+        gpu_type = str(rng.choice(types, p=[room[t] / sum(room.values()) for t in types]))
+        d = min(trace_job.num_gpus, room[gpu_type])
+        smallest = {n: max(apps[n].profile(t).min_local_bsz for t in types) for n in EPOCHS}  # on every type
+        names = [n for n in sorted(EPOCHS) if d == 1 or not apps[n].single_gpu
+                 and d * smallest[n] <= apps[n].max_batch_size]
+        app = apps[str(rng.choice(names))]
+        local = min(max(-(-app.init_batch_size // d), smallest[app.name]), app.max_local_bsz)
+        spec = JobSpec(f"{app.name}-{i}", float(arrival), d, app.name, d * local, virtual_workers=d,
+                       heterogeneous=bool(app.d2_cost <= D2_MAX_COST), preferred_gpu=gpu_type, epochs=app.epochs)
+        job = make_job(spec, apps, spec.batch_size)
+        job.allocate({gpu_type: packed(d, per_node[gpu_type])}, 0.0)
+        job.advance(0.0, trace_job.duration)
+        out.append(replace(spec, epochs=app.epochs if job.completion is not None else max(job.epoch, 1)))
+    return out
+
+
+def write_easyscale_workload(specs, path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(EASYSCALE_COLUMNS)
+        for s in specs:
+            writer.writerow([s.name, int(s.arrival), s.app, s.virtual_workers, s.batch_size // s.virtual_workers,
+                             s.epochs, int(s.heterogeneous), s.preferred_gpu])
