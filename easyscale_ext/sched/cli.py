@@ -22,6 +22,7 @@ from .metrics import isolated_runtimes, summarize
 from .optimus import OptimusPolicy
 from .pollux import PolluxPolicy
 from .saxena import SaxenaPolicy
+from .sia import SiaPolicy
 from .simulator import SimConfig, simulate
 from .tiresias import TiresiasPolicy
 from .workload import load_workload
@@ -37,6 +38,7 @@ POLICIES = {
     "easyscale-homo": lambda seed: EasyScalePolicy(heterogeneous=False),
     "saxena": lambda seed: SaxenaPolicy(),
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
+    "sia": lambda seed: SiaPolicy(),
 }
 EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]

@@ -8,14 +8,18 @@ the power mean with p = -1 of the speedups (so starving a job costs much more th
 an evolutionary search over allocation matrices (jobs x nodes, GPUs per cell), seeded with the last round's
 population. Constraints, as in the artifact: at most one multi-node job per node, a job grows to at most twice
 the GPUs it has been measured on (it must explore before it believes its model), node capacities.
+On a cluster of several GPU types Pollux runs as in Sia's artifact, unaware of types: one model per job fitted
+to whatever it measured, at most as many GPUs as the smallest type has, and a job that the search spreads over
+types keeps only the type it got most GPUs of (ties to the faster type); the others stay idle that round.
 """
 import math
 
 import numpy as np
 
-from .policy import Policy, require_homogeneous
+from .policy import Policy
 
 FLOOR = 1e-3  # added to every speedup so that the power mean is finite when a job gets nothing
+FASTER = ("a100", "v100", "p100", "rtx6000", "2080ti", "t4")  # the artifact's tie-break between GPU types
 
 
 class PolluxPolicy(Policy):
@@ -33,13 +37,13 @@ class PolluxPolicy(Policy):
         return app.max_batch_size if app is not None and app.single_gpu else None
 
     def optimize(self, now, jobs, cluster, allocations):
-        require_homogeneous(cluster, self.name)
         jobs = sorted(jobs, key=lambda j: (j.attained, j.arrival))  # earlier jobs win capacity conflicts
         capacity = np.asarray(cluster.gpus)
         base = np.zeros((len(jobs), cluster.num_nodes), dtype=np.int64)
         for j, job in enumerate(jobs):
             np.add.at(base[j], list(allocations.get(job.name, ())), 1)
-        max_gpus = np.array([_max_gpus(job, cluster.total_gpus) for job in jobs])
+        smallest_type = min(cluster.room(cluster.gpus).values())  # the whole cluster when homogeneous
+        max_gpus = np.array([_max_gpus(job, smallest_type) for job in jobs])
         speedup = self._speedup_tables(jobs, cluster, max_gpus)
         age = np.array([now - job.arrival for job in jobs])
         restarts = np.array([job.restarts for job in jobs])
@@ -51,10 +55,11 @@ class PolluxPolicy(Policy):
         best = population[0]
         result = {}
         for j, job in enumerate(jobs):
-            if np.array_equal(best[j], base[j]):
+            row = _one_type(best[j], cluster)
+            if np.array_equal(row, base[j]):
                 alloc = allocations.get(job.name, ())
             else:
-                alloc = tuple(int(n) for n in np.repeat(np.arange(cluster.num_nodes), best[j]))
+                alloc = tuple(int(n) for n in np.repeat(np.arange(cluster.num_nodes), row))
             if alloc:
                 result[job.name] = alloc
         return result
@@ -96,6 +101,17 @@ class PolluxPolicy(Policy):
             table[j, :, : max_gpus[j] + 1] = tables[key]
         self._tables = tables  # keep only what this round used
         return table
+
+
+def _one_type(row, cluster):
+    """GPUs per node of one job with only the GPU type it has most of kept (ties to the faster type)."""
+    types = np.asarray(cluster.types)
+    counts = {t: int(row[types == t].sum()) for t in set(types[row > 0])}
+    if len(counts) <= 1:
+        return row
+    rank = lambda t: FASTER.index(t) if t in FASTER else len(FASTER)  # noqa: E731
+    keep = max(counts, key=lambda t: (counts[t], -rank(t)))
+    return np.where(types == keep, row, 0)
 
 
 def _max_gpus(job, total_gpus) -> int:
