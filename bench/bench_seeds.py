@@ -4,9 +4,11 @@ Pollux's workloads on 16 nodes x 4 T4, 60 s rounds. EDL: Tiresias and Elastic-Ti
 stop-and-restart per reallocation and with our measured in-place scale-event pause (0.07 s). Saxena et al.:
 the batch-adaptive dynamic program against the same program at the user's batch (30 s per reallocation),
 average JCT and jobs completed within horizons after the first submission (the workloads submit for ~8 h).
+EasyScale: YARN-CS (one start per round), EasyScale-homo and -heter on its 32 V100 + 16 P100 + 16 T4, with a
+20 s first start and free rescaling, on EasyScale-format workloads drawn from the Philly trace (seeds 0-2).
 
   python bench/bench_seeds.py                  # the 8 workloads, about 2 min on 2 cores
-  python bench/bench_seeds.py --workloads 6
+  python bench/bench_seeds.py --workloads 6 --easyscale-seeds 0
 """
 import argparse
 import multiprocessing
@@ -18,12 +20,15 @@ from easyscale_ext.sched.cli import POLICIES
 from easyscale_ext.sched.cluster import Cluster
 from easyscale_ext.sched.data import data_dir
 from easyscale_ext.sched.simulator import SimConfig, simulate
-from easyscale_ext.sched.workload import load_workload
+from easyscale_ext.sched.workload import easyscale_workload, load_workload
 
 STOP_FREE_S = 0.07  # BENCHMARKS.md, "Scale-event pause": 0.06-0.07 s per in-place scale event
 RUNS = [("tiresias", 30.0), ("tiresias", STOP_FREE_S), ("edl", 30.0), ("edl", STOP_FREE_S),
         ("saxena-fixed", 30.0), ("saxena", 30.0)]
 HORIZONS_H = (4, 8)
+EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"
+EASYSCALE_RUNS = ("fifo-serial", "easyscale-homo", "easyscale-heter")
+EASYSCALE_LOAD = dict(jobs=80, hours=8.0)
 
 
 def run(task):
@@ -36,6 +41,26 @@ def run(task):
     return (policy, restart, workload), {"avg_jct": float(np.mean([j["jct"] for j in result.jobs])),
                                          "restarts": float(np.mean([j["restarts"] for j in result.jobs])),
                                          **{f"done_{h}h": d for h, d in done.items()}}
+
+
+def run_easyscale(task):
+    policy, seed, specs, data = task
+    result = simulate(specs, POLICIES[policy](0), Cluster.parse(EASYSCALE_CLUSTER), Applications(data),
+                      SimConfig(start_s=20.0, restart_s=0.0))
+    jct = [j["jct"] for j in result.jobs]
+    end = max(j["completion"] for j in result.jobs) - min(j["arrival"] for j in result.jobs)
+    return (policy, seed), {"avg_jct": float(np.mean(jct)), "p99_jct": float(np.percentile(jct, 99)),
+                            "makespan": float(end)}
+
+
+def easyscale_table(rows, seeds):
+    print(f"\n| policy | avg JCT s, mean of seeds {', '.join(map(str, seeds))} | p99 JCT s | makespan s | "
+          + " | ".join(f"avg JCT s, seed {s}" for s in seeds) + " |")
+    print("|---|" + "---:|" * (3 + len(seeds)))
+    for policy in EASYSCALE_RUNS:
+        mean = {k: np.mean([rows[policy, s][k] for s in seeds]) for k in ("avg_jct", "p99_jct", "makespan")}
+        print(f"| {policy} | {mean['avg_jct']:.0f} | {mean['p99_jct']:.0f} | {mean['makespan']:.0f} | "
+              + " | ".join(f"{rows[policy, s]['avg_jct']:.0f}" for s in seeds) + " |")
 
 
 def columns(rows, workloads):
@@ -75,15 +100,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=None)
     parser.add_argument("--workloads", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument("--easyscale-seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     data = data_dir(args.data)
     workloads = [f"workload-{w}" for w in args.workloads]
     tasks = [(p, r, w, data) for w in workloads for p, r in RUNS]
     tasks.sort(key=lambda t: t[0] != "saxena")  # the slowest first keeps both cores busy
+    trace = load_workload(data / "pollux" / "traces" / "philly.csv")
+    apps, cluster = Applications(data), Cluster.parse(EASYSCALE_CLUSTER)
+    generated = {s: easyscale_workload(trace, apps, cluster, seed=s, **EASYSCALE_LOAD) for s in args.easyscale_seeds}
     with multiprocessing.get_context("fork").Pool(2) as pool:
         rows = dict(pool.imap_unordered(run, tasks))
+        easyscale_rows = dict(pool.imap_unordered(run_easyscale, [(p, s, generated[s], data) for s in generated
+                                                                  for p in EASYSCALE_RUNS]))
     edl_table(rows, workloads)
     saxena_table(rows, workloads)
+    easyscale_table(easyscale_rows, args.easyscale_seeds)
 
 
 if __name__ == "__main__":

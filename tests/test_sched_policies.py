@@ -117,7 +117,7 @@ def test_fifo_and_tiresias_keep_each_job_on_one_gpu_type():
 def test_optimus_refuses_mixed_clusters(apps):  # Pollux runs there unaware of types (test_sched_sia.py)
     live = [make_job(JobSpec("c", 0, 1, "cifar10", 128), apps, 128)]
     with pytest.raises(ValueError, match="mixes several"):
-        OptimusPolicy().optimize(60, live, Cluster.parse("1x4:t4,1x4:v100"), {})
+        simulate([live[0].spec], OptimusPolicy(), Cluster.parse("1x4:t4,1x4:v100"), apps)
 
 
 def test_p100_profile_scales_compute_by_easyscale_ratio(apps):

@@ -20,6 +20,7 @@ from .edl import EdlPolicy
 from .fifo import FifoPolicy
 from .metrics import isolated_runtimes, summarize
 from .optimus import OptimusPolicy
+from .ours import OursPolicy
 from .pollux import PolluxPolicy
 from .saxena import SaxenaPolicy
 from .sia import SiaPolicy
@@ -39,6 +40,7 @@ POLICIES = {
     "saxena": lambda seed: SaxenaPolicy(),
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
     "sia": lambda seed: SiaPolicy(),
+    "ours": lambda seed: OursPolicy(),
 }
 EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
@@ -49,7 +51,7 @@ def add_parser(subparsers):
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", required=True, help="a Pollux workload CSV or the Philly trace")
     p.add_argument("--policy", default="all", choices=sorted(POLICIES) + ["all"],
-                   help="one policy, or all that can run the workload (one process each, two at a time)")
+                   help="one policy, or all that can run the workload on the cluster (one process each, two at a time)")
     p.add_argument("--cluster", default=DEFAULT, help=f"COUNTxGPUS[:TYPE],... (default {DEFAULT})")
     p.add_argument("--seed", type=int, default=0, help="seed of the randomised policies (Pollux's search)")
     p.add_argument("--out", default=None, help="directory for the JSON results and the plots")
@@ -116,7 +118,9 @@ def main(args) -> int:
     names = [args.policy]
     if args.policy == "all":
         trace = any(s.app is None for s in load_workload(args.workload, args.limit))
-        names = [n for n in sorted(POLICIES) if not (trace and POLICIES[n](args.seed).profiled)]
+        mixed = not Cluster.parse(args.cluster).homogeneous
+        names = [n for n in sorted(POLICIES) if not (trace and POLICIES[n](args.seed).profiled)
+                 and not (mixed and POLICIES[n](args.seed).one_gpu_type)]
     items = [(i, n, args) for i, n in enumerate(names)]
     if len(names) > 1:
         with multiprocessing.get_context("fork").Pool(min(2, len(names))) as pool:

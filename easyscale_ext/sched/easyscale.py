@@ -23,6 +23,7 @@ MAX_WASTE = 0.30
 class EasyScalePolicy(Policy):
     profiled = True
     virtual_workers = True
+    in_place = True
 
     def __init__(self, heterogeneous: bool = True, max_waste: float = MAX_WASTE):
         self.heterogeneous, self.max_waste = heterogeneous, max_waste

@@ -8,20 +8,20 @@ true (measured) iteration times that Optimus+Oracle uses. EDL's point is that th
 scaling is stop-free: run it with `--restart` ~0 (in-place scaling) against the default 30 s stop-and-restart.
 """
 from . import goodput
-from .policy import grant_by_marginal_gain, place_counts, require_homogeneous
+from .policy import grant_by_marginal_gain, place_counts
 from .tiresias import TiresiasPolicy
 
 
 class EdlPolicy(TiresiasPolicy):
     name = "edl"
     profiled = True
+    one_gpu_type = True
 
     @staticmethod
     def service(job) -> float:
         return job.attained  # an elastic job's GPU count changes: count what it actually held
 
     def optimize(self, now, jobs, cluster, allocations):
-        require_homogeneous(cluster, self.name)
         by_name = {j.name: j for j in jobs}
         order = self.priority(by_name)
         per_node, gpu_type, total = max(cluster.gpus), cluster.types[0], cluster.total_gpus

@@ -4,15 +4,15 @@ at a time to the job whose remaining time drops most, (T_iter(r) - T_iter(r + 1)
 with the true (measured) iteration time of r GPUs packed on full nodes. Jobs whose GPU count is unchanged stay
 where they are; the others are placed, fewest GPUs first, on the emptiest nodes."""
 from . import goodput
-from .policy import Policy, grant_by_marginal_gain, place_counts, require_homogeneous
+from .policy import Policy, grant_by_marginal_gain, place_counts
 
 
 class OptimusPolicy(Policy):
     name = "optimus"
     profiled = True
+    one_gpu_type = True
 
     def optimize(self, now, jobs, cluster, allocations):
-        require_homogeneous(cluster, self.name)
         per_node, gpu_type = max(cluster.gpus), cluster.types[0]
         room = cluster.total_gpus
         count, gain, times = {}, {}, {}

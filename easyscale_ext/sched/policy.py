@@ -13,6 +13,8 @@ class Policy:
     name = ""
     profiled = False  # needs jobs of profiled applications (models their throughput), not bare trace jobs
     virtual_workers = False  # runs jobs as EasyScale's virtual workers (workload.as_virtual_workers)
+    in_place = False  # rescales running jobs in place (stop-free): a reallocation costs in_place_s, not restart_s
+    one_gpu_type = False  # models a cluster of one GPU type only
 
     def batch_size(self, spec, app):
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""
@@ -20,11 +22,6 @@ class Policy:
 
     def optimize(self, now, jobs, cluster, allocations) -> dict:
         raise NotImplementedError
-
-
-def require_homogeneous(cluster, policy):
-    if not cluster.homogeneous:
-        raise ValueError(f"{policy} models one GPU type; the cluster {cluster.spec} mixes several")
 
 
 def gpu_type_for(room: dict, num_gpus: int, prefer=None):

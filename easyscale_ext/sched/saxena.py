@@ -20,7 +20,7 @@ import numpy as np
 
 from . import goodput
 from .efficiency import efficiency, gain
-from .policy import Policy, place_counts, require_homogeneous
+from .policy import Policy, place_counts
 
 NEUTRAL_EFFICIENCY = 0.9
 STAY = 1e-6  # added to a job's current GPU count: among equal choices, move nothing
@@ -76,6 +76,7 @@ def allocate(values, gpus) -> list:
 
 class SaxenaPolicy(Policy):
     profiled = True
+    one_gpu_type = True
 
     def __init__(self, adaptive_batch: bool = True):
         self.adaptive_batch = adaptive_batch
@@ -93,7 +94,6 @@ class SaxenaPolicy(Policy):
         return tuple(sorted(set(neutral_batches(job.app)) | {job.spec.batch_size}))
 
     def optimize(self, now, jobs, cluster, allocations):
-        require_homogeneous(cluster, self.name)
         jobs = list(jobs)
         names = [j.name for j in jobs]
         if names == self._jobs:

@@ -3,7 +3,8 @@
 Time moves in rounds of `round_s`. In each round every job holding GPUs progresses; at the round's end the
 jobs that arrived during it join, finished ones leave, and the policy reallocates. A job whose allocation
 changes makes no progress for `restart_s` seconds (`start_s` at its first start): checkpoint-restart in the
-Pollux artifact's simulator costs 30 s; in-place elastic scaling costs ~0.
+Pollux artifact's simulator costs 30 s; a policy that scales in place pays `in_place_s` (our measured pause)
+between allocations.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -19,6 +20,7 @@ class SimConfig:
     round_s: float = 60.0
     restart_s: float = 30.0
     start_s: float = 30.0
+    in_place_s: float = 0.07  # an in-place scale event's pause (BENCHMARKS.md), for policies that scale in place
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
 
@@ -46,6 +48,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     if policy.profiled and any(s.app is None for s in specs):
         raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
                          f"(duration only): use fifo, fifo-serial or tiresias")
+    if policy.one_gpu_type and not cluster.homogeneous:
+        raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
     largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type
     too_big = [s.name for s in specs if s.num_gpus > largest]
     if too_big:
@@ -89,7 +93,9 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                 continue
             if config.check and name in paused and job.progress != paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
-            delay = config.restart_s if job.starts else config.start_s
+            # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
+            delay = (config.in_place_s if policy.in_place and job.placement else config.restart_s) if job.starts \
+                else config.start_s
             job.allocate(cluster.groups(alloc), delay)
             _close(segments, opened, name, now)
             if alloc:

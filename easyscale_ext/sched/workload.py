@@ -80,13 +80,13 @@ def easyscale_workload(trace, apps, cluster, jobs=80, hours=4.0, seed=0) -> list
     Jobs are drawn among the trace's multi-GPU jobs (a 1-GPU job has nothing to scale; EasyScale's own workloads
     declare 4 to 32 virtual workers). Each keeps its GPU count as its virtual workers D (at most the GPUs of its
     preferred type) and its duration: it gets the epochs that take about that long on D GPUs of its preferred
-    type.
-    Arrivals are uniform over `hours`. The application is drawn among those that can run D workers (NCF runs on
-    one GPU); the preferred type in proportion to the cluster's GPUs of each type; the batch per worker is the
-    application's initial batch over D, at least its smallest per-GPU batch measured on every type. A job allows mixing GPU types where
-    D2 costs its model at most 10 % (EasyScale's measurements: the transformers, not the CNNs), as in
-    EasyScale's own workloads.
+    type. Arrivals are uniform over `hours`. The application is drawn among those that can run D workers (NCF
+    runs on one GPU); the preferred type in proportion to the cluster's GPUs of each type; the batch per worker
+    is the application's initial batch over D, at least its smallest per-GPU batch measured on every type. A
+    job allows mixing GPU types where D2 costs its model at most 10 % more (EasyScale's measurements: the
+    transformers, not the CNNs), as in EasyScale's own workloads.
     """
+
     from .application import EPOCHS
     from .goodput import packed
     from .job import make_job
