@@ -216,7 +216,7 @@ def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
 def make_job(spec, apps, batch_size):
     if spec.app is None:
         return TraceJob(spec)
-    if spec.virtual_workers is not None:
+    if spec.virtual_workers is not None and batch_size is not None:  # else a policy that tunes the batch
         return VirtualWorkerJob(spec, apps[spec.app])
     return AppJob(spec, apps[spec.app], batch_size)
 
