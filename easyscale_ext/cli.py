@@ -3,6 +3,7 @@
   easyscale demo [--n N --schedule S ...]        elastic training on digits, replayed on fixed P, verdict
   easyscale run --procs P -- SCRIPT [ARGS]       run SCRIPT as an elastic job on P local processes
   easyscale scale --store HOST:PORT --procs P    ask a running elastic job to run on P processes
+                  (or --split K0,K1,..., or --release WORKER)
   easyscale bench [--quick]                      the benchmarks recorded in BENCHMARKS.md
   easyscale smoke                                check that the extension loads and its kernels run
   easyscale simulate --workload FILE --policy P  trace-driven cluster-scheduling simulation
@@ -48,16 +49,21 @@ def run(args) -> int:
 
 
 def scale(args) -> int:
-    from .elastic import request_scale, request_split
+    from .elastic import request_release, request_scale, request_split
 
     try:
         if args.split:
             request_split(args.store, args.split)
+        elif args.release:
+            request_release(args.store, args.release)
         else:
             request_scale(args.store, args.procs)
-    except (RuntimeError, ValueError) as e:
+    except ValueError as e:
+        raise SystemExit(f"easyscale scale: {e}")
+    except RuntimeError as e:
         raise SystemExit(f"easyscale scale: cannot reach the job store at {args.store}: {e}")
-    asked = f"split its virtual workers {args.split}" if args.split else f"run on {args.procs} processes"
+    asked = (f"split its virtual workers {args.split}" if args.split else f"let {args.release} leave"
+             if args.release else f"run on {args.procs} processes")
     print(f"easyscale: asked the job at {args.store} to {asked}")
     return 0
 
@@ -212,6 +218,8 @@ def main(argv=None) -> int:
     what.add_argument("--procs", type=positive, help="processes to run on")
     what.add_argument("--split", type=sizes_list, metavar="K0,K1,...",
                       help="virtual workers of each process, in rank order (summing to N)")
+    what.add_argument("--release", metavar="WORKER",
+                      help="let this process (e.g. w1, as in the launcher's logs) leave, in place, as SIGTERM does")
     p.set_defaults(run=scale)
     p = sub.add_parser("bench", help="run the benchmarks recorded in BENCHMARKS.md")
     p.add_argument("--quick", action="store_true", help="fewer repeats, smaller cases")

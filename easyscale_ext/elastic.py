@@ -8,8 +8,10 @@ list and its own process group, created on a PrefixStore of the job store.
 - A joining process prepares first (model, optimizer and data built), then
   registers as ready and waits to be admitted.
 - Scale requests set the job's target process count (`request_scale`, or
-  `easyscale scale`). At every step boundary rank 0 looks at the target and the
-  ready joiners, and broadcasts whether the membership changes.
+  `easyscale scale`). A named departure (SIGTERM to a process, `request_release`
+  or `easyscale scale --release WORKER`) asks that process to leave. At every
+  step boundary rank 0 looks at departures, the target and the ready joiners,
+  and broadcasts whether the membership changes.
 - On a change every member exports its virtual workers' contexts to the store,
   rank 0 publishes the new members and the data position, the old group is
   destroyed, leavers return, and survivors and joiners form the new group:
@@ -18,7 +20,9 @@ list and its own process group, created on a PrefixStore of the job store.
 """
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import astuple, dataclass, field
@@ -48,6 +52,31 @@ def request_scale(address: str, procs: int) -> None:
     if procs < 1:
         raise ValueError(f"procs must be >= 1, got {procs}")
     connect(address, 30).set("target", str(procs))
+
+
+def current_members(store) -> List[str]:
+    """The members of the job's latest generation, in rank order."""
+    g = 0
+    while store.check([f"gen/{g + 1}/members"]):
+        g += 1
+    return json.loads(store.get(f"gen/{g}/members"))
+
+
+def request_release(address: str, worker: str) -> None:
+    """Ask the job's process `worker` to leave at the next step boundary, in place: its virtual workers move to
+    the others (what SIGTERM to that process does)."""
+    store = connect(address, 30)
+    members = current_members(store)
+    if worker not in members:
+        raise ValueError(f"the job has no process {worker!r}; its processes are {', '.join(members)}")
+    if len(members) == 1:
+        raise ValueError(f"{worker} is the job's last process: to stop the job, send it SIGTERM (it leaves "
+                         "at the next step boundary after saving a checkpoint, if it has a Checkpointer)")
+    _release(store, worker)
+
+
+def _release(store, worker: str) -> None:
+    store.set(f"release_at/{int(store.add('release_seq', 1))}", worker)
 
 
 def request_split(address: str, sizes: List[int]) -> None:
@@ -89,6 +118,9 @@ class ElasticMember:
         self.members: List[str] = []
         self.hooks: List[Callable[[ScaleEvent], None]] = []
         self._published = False  # the job state joiners are checked against
+        self._releases_seen = 0  # rank 0: departures requested so far that it has read
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         if balance is None:
             balance = os.environ.get(BALANCE_ENV) == "1"
         self.balancer = Balancer() if balance is True else (balance or None)
@@ -109,6 +141,20 @@ class ElasticMember:
     @property
     def rank(self) -> int:
         return self.members.index(self.id)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """Leave at the next step boundary, in place. A second SIGTERM terminates at once (the job then
+        needs its last checkpoint)."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        print(f"easyscale: {self.id} got SIGTERM: leaving at the next step boundary", file=sys.stderr, flush=True)
+        _release(self.store, self.id)
+
+    def _departures(self) -> List[str]:
+        """Members that asked to leave since rank 0 last looked (requests for former members are dropped)."""
+        count = int(self.store.add("release_seq", 0))
+        asked = [self.store.get(f"release_at/{i}").decode() for i in range(self._releases_seen + 1, count + 1)]
+        self._releases_seen = count
+        return [m for m in self.members if m in asked]
 
     def on_scale(self, hook: Callable[[ScaleEvent], None]) -> None:
         """Call hook(event) on every process after each scale event it survives or joins."""
@@ -149,11 +195,14 @@ class ElasticMember:
         return out
 
     # -- the step boundary --------------------------------------------------------------
-    def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False) -> bool:
+    def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False,
+                      checkpointer=None) -> bool:
         """Call after every optimizer step, on every member. Returns False if this process left the job.
 
         A scale-out waits for its joiners to be prepared; meanwhile training goes
         on, unless `block` (for schedules that must take effect at this step).
+        If every process asked to leave (SIGTERM), the job stops here: it saves
+        `position` through `checkpointer` (a Checkpointer) first, if given.
         """
         proposal = self._rebalance(ddp, position.step)
         decision = [None]
@@ -161,7 +210,12 @@ class ElasticMember:
             if not self._published:
                 self.store.set("job_state", json.dumps(_job_state(ddp, optimizer, scheduler)))
                 self._published = True
-            decision[0] = self._decide(ddp.world_size)
+            leaving = self._departures()
+            if leaving:  # named departures first; a scale request waits for the next boundary
+                decision[0] = [m for m in self.members if m not in leaving]
+                self.store.set("target", str(max(len(decision[0]), 1)))
+            else:
+                decision[0] = self._decide(ddp.world_size)
             while block and decision[0] is None and self._pending():
                 time.sleep(0.01)
                 decision[0] = self._decide(ddp.world_size)
@@ -171,6 +225,9 @@ class ElasticMember:
         members = decision[0]
         if members is None:
             return True
+        if not members:
+            self._stop(position, checkpointer)
+            return False
         start = time.perf_counter()
         old = self.members
         generation = self.generation + 1
@@ -193,6 +250,15 @@ class ElasticMember:
         self._enter(generation)
         self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old)
         return True
+
+    def _stop(self, position: Position, checkpointer) -> None:
+        """Every process leaves: the job ends here, saved if it can be."""
+        if checkpointer is not None:
+            checkpointer.save(position)
+        elif self.rank == 0:
+            print(f"easyscale: every process of the job left at step {position.step} and no checkpointer was "
+                  "passed to step_boundary(): the state after this step is not saved", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
 
     def _rebalance(self, ddp, step: int) -> Optional[List[int]]:
         """New range sizes for rank 0 to decide on (None elsewhere, or to keep the split): a split

@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch.distributed as dist
 
-from .elastic import ID_ENV, JOIN_ENV, STORE_ENV
+from .elastic import ID_ENV, JOIN_ENV, STORE_ENV, current_members
 
 
 class ElasticLauncher:
@@ -46,12 +46,6 @@ class ElasticLauncher:
             out.close()  # the child holds its own descriptor
         return worker
 
-    def _members(self) -> List[str]:
-        g = 0
-        while self.store.check([f"gen/{g + 1}/members"]):
-            g += 1
-        return json.loads(self.store.get(f"gen/{g}/members"))
-
     def run(self, timeout_s: float = 3600.0) -> int:
         """Run until every process has exited; returns the first non-zero exit code, else 0."""
         first = [f"w{i}" for i in range(self.procs)]
@@ -67,7 +61,7 @@ class ElasticLauncher:
                     c.kill()
                     c.wait()
                 raise TimeoutError(f"elastic job still running after {timeout_s} s")
-            members = self._members()
+            members = current_members(self.store)
             waiting = [w for w, c in self.children.items()
                        if w not in members and c.poll() is None and not self.store.check([f"admit/{w}"])]
             if all(self.children[m].poll() is not None for m in members):

@@ -43,8 +43,10 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
             return f.read()
 
 
-def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_per_process=None, **options) -> str:
-    """An in-place scaling run under easyscale_ext.launcher; returns the final rank 0's hash."""
+def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_per_process=None, stops=False,
+                **options) -> str:
+    """An in-place scaling run under easyscale_ext.launcher; returns the final rank 0's hash ("" if `stops`:
+    every process leaves before the end)."""
     from easyscale_ext.launcher import ElasticLauncher
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,6 +57,8 @@ def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_pe
                                    env_per_process=env_per_process)
         code = launcher.run(timeout_s=timeout)
         logs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".log"))
+        if stops and code == 0 and not os.path.exists(out):
+            return ""
         if code != 0 or not os.path.exists(out):
             final = "a final state was written" if os.path.exists(out) else "no final state"
             raise RuntimeError(f"elastic job failed ({code}, {final}):\n{logs}")

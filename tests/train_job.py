@@ -277,6 +277,7 @@ def run_easyscale(args, model, data, opt):
     elif ckpt is not None and args.resume:
         position = ckpt.resume()
     schedule = dict(tuple(int(x) for x in item.split(":")) for item in args.schedule.split(",") if item)
+    sigterms = {w: int(at) for w, at in (item.split(":") for item in args.sigterm_at.split(",") if item)}
     log = open(args.log_samples, "a") if args.log_samples else None
     times = open(args.log_times, "a") if args.log_times else None
     step = position.step
@@ -308,11 +309,13 @@ def run_easyscale(args, model, data, opt):
             if ckpt is not None and step % args.ckpt_every == 0:
                 ckpt.save(here)
             if member is not None:
+                if sigterms.get(member.id) == step:  # a real signal, mid-run, as a cluster manager sends
+                    os.kill(os.getpid(), signal.SIGTERM)
                 if step in schedule and ddp.rank == 0:
                     member.store.set("target", str(schedule[step]))
                 if step == args.split_at and ddp.rank == 0:
                     member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
-                if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block)):
+                if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block), checkpointer=ckpt):
                     return False
                 loader.reassign(ddp.local_ranks)
             if step == args.stop_after:
@@ -376,6 +379,7 @@ def main():
     ap.add_argument("--resume", type=int, default=0)
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
     ap.add_argument("--log-times", default="",
                     help="append 'worker step unix-time local-workers seconds-per-worker' at each step end")

@@ -1,0 +1,49 @@
+"""Preemption: a process asked to leave (SIGTERM, `easyscale scale --release`) leaves in place at the next step
+boundary, its virtual workers move to the others, and the job ends bitwise equal to the fixed run; when every
+process leaves, the job checkpoints and a restart continues bitwise."""
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from jobs import run_elastic, run_job
+from test_ddp import reference
+
+
+@pytest.mark.parametrize("leaver", ["w1", "w0"])  # a member, and rank 0 (the next survivor coordinates)
+def test_sigterm_makes_that_process_leave_in_place_bitwise(leaver, tmp_path):
+    events, samples, fixed = tmp_path / "events", tmp_path / "samples", tmp_path / "fixed"
+    assert run_elastic(3, "", n=4, sigterm_at=f"{leaver}:2", log_events=events, log_samples=samples) == reference(n=4)
+    seen = {tuple(line.split()[:3]) for line in events.read_text().splitlines()}
+    assert seen in ({("2", "3", "2")}, {("3", "3", "2")})  # at the signal's step boundary, or the next
+    run_job("easyscale", procs=2, n=4, log_samples=fixed)
+    lines = samples.read_text().splitlines()  # exactly-once data across the departure
+    assert len(lines) == len(set(lines)) and sorted(lines) == sorted(fixed.read_text().splitlines())
+
+
+def test_when_every_process_leaves_the_job_checkpoints_and_resumes_bitwise(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert run_elastic(1, "", stops=True, n=4, sigterm_at="w0:3", ckpt_dir=ckpt, ckpt_every=100) == ""
+    assert sorted(p.name for p in ckpt.iterdir() if p.suffix == ".ckpt") == ["step-0000000003.ckpt"]
+    assert run_job("easyscale", procs=2, n=4, ckpt_dir=ckpt, resume=1) == reference(n=4)
+
+
+def release(port, worker):
+    return subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "scale", "--store", f"127.0.0.1:{port}",
+                           "--release", worker], capture_output=True, text=True, timeout=60)
+
+
+def test_release_names_a_current_process_and_never_the_last():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    store.set("gen/0/members", '["w0", "w1"]')
+    store.set("gen/1/members", '["w0", "w2"]')  # the latest generation counts
+    out = release(store.port, "w1")
+    assert out.returncode != 0 and "has no process 'w1'; its processes are w0, w2" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = release(store.port, "w2")
+    assert out.returncode == 0 and store.get("release_at/1") == b"w2", out.stderr
+    store.set("gen/2/members", '["w0"]')
+    out = release(store.port, "w0")
+    assert out.returncode != 0 and "w0 is the job's last process: to stop the job, send it SIGTERM" in out.stderr
