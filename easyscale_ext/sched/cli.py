@@ -18,6 +18,7 @@ from .data import data_dir
 from .easyscale import EasyScalePolicy
 from .edl import EdlPolicy
 from .fifo import FifoPolicy
+from .icefrog import IceFrogPolicy
 from .metrics import isolated_runtimes, summarize
 from .optimus import OptimusPolicy
 from .ours import OursPolicy
@@ -41,6 +42,8 @@ POLICIES = {
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
     "sia": lambda seed: SiaPolicy(),
     "ours": lambda seed: OursPolicy(),
+    "icefrog": lambda seed: IceFrogPolicy(),
+    "icefrog-nofreeze": lambda seed: IceFrogPolicy(freeze=False),
 }
 EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
@@ -96,7 +99,7 @@ def run_one(name, args, position=0):
     specs = load_workload(args.workload, args.limit)
     config = SimConfig(round_s=args.round, restart_s=args.restart,
                        start_s=args.restart if args.start is None else args.start)
-    bar = tqdm(total=len(specs), desc=f"{name:12s}", unit="job", position=position, leave=True,
+    bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()
     result = simulate(specs, POLICIES[name](args.seed), cluster, apps, config, progress=bar)
@@ -134,10 +137,10 @@ def main(args) -> int:
 
 
 def print_table(names, runs):
-    print(f"{'policy':12s} " + " ".join(f"{c:>16s}" for c in COLUMNS) + f" {'wall s':>8s}")
+    print(f"{'policy':16s} " + " ".join(f"{c:>16s}" for c in COLUMNS) + f" {'wall s':>8s}")
     for name, (_, summary, wall) in zip(names, runs):
         cells = " ".join(f"{summary[c]:16.3f}" if c in summary else f"{'-':>16s}" for c in COLUMNS)
-        print(f"{name:12s} {cells} {wall:8.1f}")
+        print(f"{name:16s} {cells} {wall:8.1f}")
 
 
 def write_outputs(out, stem, args, runs):

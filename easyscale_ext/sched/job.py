@@ -106,6 +106,13 @@ class AppJob(Job):
         self.perf = None  # throughput model fitted to `observed`
         self.grad = None  # last measured (grad_sqr, grad_var)
 
+    # Layer freezing (IceFrog, icefrog.py): None, or a timeline whose at(share of training done) gives the factors
+    # on compute time, sync time and progress per iteration; Policy.freezing sets it when the job is made.
+    freezing = None
+
+    def freezing_factors(self) -> tuple:
+        return self.freezing.at(self.progress / self.app.noise.progress_at(self.epochs))
+
     @property
     def global_batch(self) -> int:
         return self.num_gpus * self.local_bsz * (self.accum_steps + 1)
@@ -145,6 +152,9 @@ class AppJob(Job):
         step, sync = self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz)
         if self.batch_size is None:
             self._observe(step, sync, self.app.noise.grad_stats(self.global_batch, self.epoch))
+        if self.freezing is not None:  # frozen layers skip their backward pass and their gradients' exchange
+            compute, exchange, _ = self.freezing_factors()
+            step, sync = (step - sync) * compute + sync * exchange, sync * exchange
         return step + self.accum_steps * (step - sync)
 
     def _work(self, now, seconds):
@@ -153,6 +163,8 @@ class AppJob(Job):
             batch = self.global_batch
             grad = app.noise.grad_stats(batch, self.epoch)
             rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time()
+            if self.freezing is not None:
+                rate *= self.freezing_factors()[2]  # the frozen penalty: a frozen iteration makes less progress
             need = app.noise.progress_at(self.epoch + 1) - self.progress
             if rate * (seconds - used) < need:
                 self.progress += rate * (seconds - used)

@@ -20,6 +20,10 @@ class Policy:
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""
         return spec.batch_size
 
+    def freezing(self, spec, app):
+        """The layer-freezing timeline the job trains with (icefrog.Freezing), or None: every layer trains."""
+        return None
+
     def optimize(self, now, jobs, cluster, allocations) -> dict:
         raise NotImplementedError
 

@@ -58,6 +58,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
+    for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the policy has jobs freeze
+        job.freezing = policy.freezing(job.spec, job.app)
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
     paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
