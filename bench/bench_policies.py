@@ -8,7 +8,7 @@ BENCHMARKS.md.
              20 s first start, free rescaling
 Policies that scale in place (EasyScale's, ours) pay our measured 0.07 s pause per reallocation instead.
 
-  python bench/bench_policies.py                       # 3 workloads per family, ~25 min on 2 cores
+  python bench/bench_policies.py                       # 3 workloads per family, ~8 min on 2 cores
   python bench/bench_policies.py --families sia --workloads 1
 """
 import argparse
@@ -26,8 +26,8 @@ from easyscale_ext.sched.workload import easyscale_workload, load_workload
 
 ELASTIC = ["pollux", "sia", "easyscale-homo", "easyscale-heter", "ours"]
 FAMILIES = {  # cluster, simulator settings, policies
-    "pollux": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena"] + ELASTIC),
-    "pollux-2x": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena"] + ELASTIC),
+    "pollux": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog"] + ELASTIC),
+    "pollux-2x": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog"] + ELASTIC),
     "sia": ("6x4:t4,2x8:a100,3x8:2080ti", SimConfig(), ["fifo", "tiresias"] + ELASTIC),
     "easyscale": ("4x8:v100,2x8:p100,4x4:t4", SimConfig(start_s=20.0, restart_s=0.0),
                   ["fifo-serial", "tiresias"] + ELASTIC),
