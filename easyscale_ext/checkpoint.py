@@ -18,6 +18,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from .balance import ranges_of
+
 MAGIC = b"EASYSCALE-CKPT-1\n"
 FORMAT = 2
 _NAME = re.compile(r"^step-(\d{10})\.ckpt$")
@@ -112,6 +114,7 @@ class Checkpointer:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "freezer": self.ddp.freezer_state(),
                 "position": list(astuple(position)),
+                "split": [hi - lo for lo, hi in self.ddp.ranges],  # a balancer's or scheduler's decision
                 "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in merged.items()},
             }
             buf = io.BytesIO()
@@ -126,7 +129,11 @@ class Checkpointer:
         return path
 
     def resume(self, path: Optional[str] = None) -> Position:
-        """Load `path` (default: the latest checkpoint in the folder, if any) on every process."""
+        """Load `path` (default: the latest checkpoint in the folder, if any) on every process.
+
+        On as many processes as wrote it, the job resumes with the virtual workers split as they were
+        (uneven after a rebalance): call `loader.reassign(ddp.local_ranks)` after it.
+        """
         if path is None:
             existing = self.paths()
             if not existing:
@@ -144,7 +151,13 @@ class Checkpointer:
             self.ddp.load_freezer_state(state["freezer"])
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        self.ddp.import_contexts({v: state["contexts"][v].numpy().tobytes() for v in self.ddp.local_ranks})
+        split = state.get("split") or []
+        if len(split) == len(self.ddp.ranges) and split != [hi - lo for lo, hi in self.ddp.ranges]:
+            lo, hi = ranges_of(split)[self.ddp.rank]
+            self.ddp.reconfigure(self.ddp.process_group, {v: state["contexts"][v].numpy().tobytes()
+                                                          for v in range(lo, hi)}, virtual_ranks=(lo, hi))
+        else:
+            self.ddp.import_contexts({v: state["contexts"][v].numpy().tobytes() for v in self.ddp.local_ranks})
         return Position(*state["position"])
 
     def _check(self, state: dict, path: str) -> None:

@@ -101,3 +101,15 @@ def test_equal_speeds_rebalance_at_most_once(tmp_path):
     run_elastic(2, "", cpus=[first, second], balance=1, log_events=events, **dict(WORK, n=4, batch=64))
     steps = {line.split()[0] for line in events.read_text().splitlines()} if events.exists() else set()
     assert len(steps) <= 1  # every process logs each event it lives through
+
+
+def test_a_checkpoint_keeps_the_split_and_resumes_with_it_bitwise(tmp_path):
+    ckpt, times = tmp_path / "ckpt", tmp_path / "times"
+    # split 6,4,2 at step 2 (as a balancer or scheduler would), checkpoint at step 4, stop there
+    run_elastic(3, "", split_at=2, split="6,4,2", ckpt_dir=ckpt, ckpt_every=4, stop_after=4, **WORK)
+    resumed = run_job("easyscale", procs=3, ckpt_dir=ckpt, ckpt_every=100, resume=1, log_times=times, **WORK)
+    after = {}
+    for rank, step, _, workers, _ in map(str.split, times.read_text().splitlines()):
+        after.setdefault(int(step), {})[int(rank)] = int(workers)
+    assert all(after[s] == {0: 6, 1: 4, 2: 2} for s in after) and min(after) == 5  # resumed at step 4, as split
+    assert resumed == run_job("easyscale", procs=1, **WORK)

@@ -276,6 +276,7 @@ def run_easyscale(args, model, data, opt):
         loader.reassign(ddp.local_ranks)
     elif ckpt is not None and args.resume:
         position = ckpt.resume()
+        loader.reassign(ddp.local_ranks)  # a checkpoint of an uneven split resumes with it
     schedule = dict(tuple(int(x) for x in item.split(":")) for item in args.schedule.split(",") if item)
     sigterms = {w: int(at) for w, at in (item.split(":") for item in args.sigterm_at.split(",") if item)}
     log = open(args.log_samples, "a") if args.log_samples else None
