@@ -8,8 +8,15 @@
 3. Cost of D1 and D2 against D0 (N = 4 on one process).
 Each configuration runs in its own process (clean peak RSS); the contenders of
 a configuration alternate step by step, and the median step time is reported.
+`--overlap`: only the exchange's overlap with backward (issue 13), on a 21 M
+parameter MLP whose exchange is a large part of the step, N = 2 on 2 processes:
+EasyScaleDDP with 25 MB buckets exchanged during backward, the same with one
+bucket (the whole exchange after backward), torch DDP, and the compute alone
+(one process, no exchange); pairs interleaved over --repeats, medians. Hidden
+share = (one bucket - buckets) / (one bucket - compute).
 
     .venv/bin/python bench/bench_ddp.py [--quick] [--json PATH]
+    .venv/bin/python bench/bench_ddp.py --overlap [--repeats 5]
 """
 import argparse
 import json
@@ -57,6 +64,9 @@ class SmallTransformer(nn.Module):
 
 def make(model_name, batch):
     torch.manual_seed(0)
+    if model_name == "mlp":  # 5 x (2048 x 2048 + 2048) = 21 M parameters, little compute per sample
+        layers = [m for _ in range(5) for m in (nn.Linear(2048, 2048), nn.ReLU())]
+        return nn.Sequential(*layers[:-1]), (torch.randn(batch, 2048), torch.randn(batch, 2048))
     if model_name == "convbn":
         return ConvBN(), (torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)))
     x = torch.randint(0, 1000, (batch, 64))
@@ -66,6 +76,8 @@ def make(model_name, batch):
 def loss_of(model, batch):
     x, y = batch
     out = model(x)
+    if y.is_floating_point():
+        return F.mse_loss(out, y)
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
@@ -121,7 +133,8 @@ def child_memory(model_name, k, steps, mode):
 
 
 def child_pair(kind, rank, init, steps, model_name):
-    """One rank of a 2-process job: EasyScaleDDP N=2 or torch DDP."""
+    """One rank of a 2-process job: EasyScaleDDP N=2 (`easyscale`; `easyscale-one-bucket`: the whole
+    exchange after backward) or torch DDP (`ddp`)."""
     import torch.distributed as dist
 
     import easyscale_ext as es
@@ -129,7 +142,10 @@ def child_pair(kind, rank, init, steps, model_name):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     model, batch = make(model_name, 32 if model_name == "convbn" else 16)
-    ddp = es.EasyScaleDDP(model, virtual_world_size=2) if kind == "easyscale" else nn.parallel.DistributedDataParallel(model)
+    if kind == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(model)
+    else:
+        ddp = es.EasyScaleDDP(model, virtual_world_size=2, bucket_cap_mb=1e6 if kind.endswith("one-bucket") else None)
     times = []
     for i in range(steps + 2):
         dist.barrier()
@@ -170,6 +186,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--child")
+    ap.add_argument("--overlap", action="store_true", help="only the overlap of the exchange with backward")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -180,6 +198,8 @@ def main():
             # the process (pytorch/pytorch#190489): leave without a shutdown.
             os._exit(0)
         return
+    if args.overlap:
+        return overlap(args.repeats)
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
@@ -216,6 +236,21 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def overlap(repeats: int) -> None:
+    runs = {k: [] for k in ("easyscale", "easyscale-one-bucket", "ddp", "compute")}
+    for _ in range(repeats):
+        for kind in runs:
+            runs[kind].append(spawn(["overhead", "mlp", 1, 10, "D0"])["accumulation"] if kind == "compute"
+                              else spawn_pair(kind, 10, "mlp"))
+    t = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"21 M-parameter MLP, batch 16, N = 2 on 2 processes (gloo), medians of {repeats} runs of 10 steps")
+    print("| EasyScaleDDP, 25 MB buckets | one bucket | torch DDP | compute alone | vs DDP | hidden |")
+    print("|---|---|---|---|---|---|")
+    hidden = (t["easyscale-one-bucket"] - t["easyscale"]) / (t["easyscale-one-bucket"] - t["compute"])
+    print(f"| {t['easyscale'] * 1e3:.1f} ms | {t['easyscale-one-bucket'] * 1e3:.1f} ms | {t['ddp'] * 1e3:.1f} ms | "
+          f"{t['compute'] * 1e3:.1f} ms | {t['easyscale'] / t['ddp']:.2f}x | {hidden:.2f} |")
 
 
 if __name__ == "__main__":

@@ -76,8 +76,9 @@ class EasyScaleDDP(nn.Module):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         # Accepted for DDP compatibility, no effect here: output_device and dim (no
         # scatter: one device per process), check_reduction (deprecated in DDP),
-        # bucket_cap_mb and static_graph (one flat exchange per dtype, planned at
-        # construction).
+        # static_graph (every plan is fixed at construction). bucket_cap_mb (default
+        # 25) sizes the buckets exchanged during the last worker's backward, as in DDP.
+        self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else float(bucket_cap_mb)
         self.determinism_level = determinism.parse(determinism_level)
         self.isa = determinism.job_isa(self.determinism_level, isa)
 
@@ -174,7 +175,7 @@ class EasyScaleDDP(nn.Module):
                 p.requires_grad_(False)
                 p.grad = None
         self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank,
-                                        self.find_unused_parameters)
+                                        self.find_unused_parameters, self.bucket_cap_mb)
         self._freeze_pending = False
 
     def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
@@ -271,6 +272,8 @@ class EasyScaleDDP(nn.Module):
                     p.grad = g if has else None
                 self.store.erase(v, "grads")
                 self._accumulating.discard(v)
+        if self._sync and v == self.local_ranks[-1]:  # exchange buckets during its backward
+            self.reducer.overlap_next_backward(self._folded, self._param_names, self.process_group)
         self._current = v
 
     def _switch_out(self, v: int) -> None:
@@ -403,6 +406,7 @@ class EasyScaleDDP(nn.Module):
         return self.module(*inputs, **kwargs)
 
     def _on_grad_ready(self, param) -> None:
+        self.reducer.grad_ready(param)
         if self._implicit and not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_implicit)

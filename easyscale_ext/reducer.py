@@ -8,6 +8,13 @@ one chunk of every partial), each process finishes the tree for its chunk,
 and all_gather assembles the result: about the bytes of the backend's own
 ring all_reduce when each process holds one partial. Every plan is fixed at
 construction, like the c10d Reducer's buckets.
+
+Overlap, as in DDP: buckets of at most `bucket_cap_mb`, in reverse registration
+order, one dtype each. During the step's last local worker's backward, a bucket
+whose gradients are all ready is folded at once and its all_to_all starts
+(asynchronously), strictly in bucket order so that every process issues the
+same collectives in the same order; `finish` starts the rest, then completes
+them. Splitting the gradients into buckets changes no element's association.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -48,18 +55,29 @@ class _Bucket:
         return out
 
 
+def _bucketed(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> List[List[torch.nn.Parameter]]:
+    """Parameters in reverse registration order (about the order backward readies them), cut into buckets of
+    one dtype and at most `cap_bytes` (a larger parameter gets a bucket of its own)."""
+    buckets: Dict[torch.dtype, List[List[torch.nn.Parameter]]] = {}
+    for p in reversed(list(params)):
+        mine = buckets.setdefault(p.dtype, [[]])
+        if mine[-1] and sum(q.numel() * q.element_size() for q in mine[-1] + [p]) > cap_bytes:
+            mine.append([])
+        mine[-1].append(p)
+    return [b for per_dtype in buckets.values() for b in per_dtype]
+
+
 class CanonicalReducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], world_size: int,
-                 ranges: Sequence[Tuple[int, int]], rank: int, find_unused_parameters: bool):
+                 ranges: Sequence[Tuple[int, int]], rank: int, find_unused_parameters: bool,
+                 bucket_cap_mb: float = 25.0):
         self.n = world_size
         self.ranges = [tuple(r) for r in ranges]
         self.rank = rank
         self.procs = len(self.ranges)
         self.find_unused = find_unused_parameters
-        by_dtype: Dict[torch.dtype, List[torch.nn.Parameter]] = {}
-        for p in params:
-            by_dtype.setdefault(p.dtype, []).append(p)
-        self.buckets = [_Bucket(ps, self.procs) for ps in by_dtype.values()]
+        self.buckets = [_Bucket(ps, self.procs) for ps in _bucketed(params, int(bucket_cap_mb * 2 ** 20))]
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
 
         # Local plan: ops per local leaf; slots hold the partial sums.
         lo, hi = self.ranges[rank]
@@ -80,6 +98,11 @@ class CanonicalReducer:
         self.unused: List[str] = []
         # Per bucket and parameter: whether any local worker of this step produced a gradient.
         self.used = [[False] * len(b.params) for b in self.buckets]
+        self._overlap: Optional[Tuple[int, Dict[int, str]]] = None  # (last leaf, names) while it runs backward
+        self._folded = [False] * len(self.buckets)
+        self._waiting = [len(b.params) for b in self.buckets]  # gradients not yet ready, per bucket
+        self._exchanges: List[tuple] = []  # started all_to_alls, in bucket order: (work, received)
+        self._group = None
 
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
@@ -107,29 +130,71 @@ class CanonicalReducer:
         self.used = [[False] * len(b.params) for b in self.buckets]
         return [[bool(next(flags)) for _ in b.params] for b in self.buckets]
 
+    def overlap_next_backward(self, local_index: int, names: Dict[int, str], group) -> None:
+        """The next backward is leaf `local_index`'s, this process's last of the step: fold and start
+        exchanging each bucket over `group` as soon as its gradients are ready (grad_ready)."""
+        self._overlap, self._group = (local_index, names), group
+
+    def grad_ready(self, param: torch.nn.Parameter) -> None:
+        """param.grad is final for this backward (a post-accumulate-grad hook)."""
+        i = self._bucket_of.get(id(param))
+        if self._overlap is None or i is None or self._folded[i]:
+            return
+        self._waiting[i] -= 1
+        if self._waiting[i] == 0:
+            self._fold_bucket(*self._overlap, i)
+            while len(self._exchanges) < len(self.buckets) and self._folded[len(self._exchanges)]:
+                self._start_exchange(len(self._exchanges))
+
     def fold_worker(self, local_index: int, names: Dict[int, str]) -> None:
-        """Fold the gradients now in param.grad as leaf `local_index` of this process."""
-        grads = [self._grads(i, names) for i, _ in enumerate(self.buckets)]
+        """Fold the gradients now in param.grad as leaf `local_index` of this process (the buckets its
+        backward has not folded already)."""
+        for i, done in enumerate(self._folded):
+            if not done:
+                self._fold_bucket(local_index, names, i)
+        self._overlap = None
+        self._folded = [False] * len(self.buckets)
+        self._waiting = [len(b.params) for b in self.buckets]
+
+    def _fold_bucket(self, local_index: int, names: Dict[int, str], i: int) -> None:
+        grads = self._grads(i, names)
         if self.unused:
             unused, self.unused = self.unused, []
             raise RuntimeError(f"parameters {unused[:5]} received no gradient in this virtual worker's backward; "
                                "pass find_unused_parameters=True to EasyScaleDDP if parts of the model are unused")
         for op in self.leaf_plans[local_index]:
-            for i, _ in enumerate(self.buckets):
-                if op.src == _C.PUSHED:
-                    fold_(self.slot_views[op.dst][i], grads[i], 1.0 / self.n, op.accumulate)
-                else:
-                    fold_([self.slots[op.dst][i]], [self.slots[op.src][i]], 1.0, True)
+            if op.src == _C.PUSHED:
+                fold_(self.slot_views[op.dst][i], grads, 1.0 / self.n, op.accumulate)
+            else:
+                fold_([self.slots[op.dst][i]], [self.slots[op.src][i]], 1.0, True)
+        self._folded[i] = True
+
+    def _start_exchange(self, i: int) -> None:
+        """Start bucket i's all_to_all: each process receives its chunk of every process's local roots."""
+        if self.procs == 1:
+            self._exchanges.append(None)
+            return
+        bucket, c = self.buckets[i], self.buckets[i].chunk
+        local = [self.slots[s][i] for s in self.root_slots]
+        send = torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local])
+        recv = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
+        work = dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
+                                      [c * len(local)] * self.procs, group=self._group, async_op=True)
+        self._exchanges.append((work, recv))
 
     def finish(self, group, gradient_as_bucket_view: bool) -> None:
-        """Complete the tree across the processes of `group` and write each param.grad."""
+        """Complete the tree across the processes of `group` and write each param.grad. Collectives in the
+        same order on every process: the all_to_alls not started yet, the used flags, the all_gathers."""
+        self._group = group
+        while len(self._exchanges) < len(self.buckets):
+            self._start_exchange(len(self._exchanges))
         used = self._used_by_any_worker(group) if self.find_unused else None
+        exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
         for i, bucket in enumerate(self.buckets):
-            local = [self.slots[s][i] for s in self.root_slots]
             if self.procs == 1:
-                reduced = local[0]
+                reduced = self.slots[self.root_slots[0]][i]
             else:
-                reduced = self._exchange(group, i, bucket, local)
+                reduced = self._complete(group, i, *exchanges[i])
             views = bucket.views(reduced)
             for k, (p, g) in enumerate(zip(bucket.params, views)):
                 if used is not None and not used[i][k]:
@@ -137,12 +202,10 @@ class CanonicalReducer:
                 else:
                     p.grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
 
-    def _exchange(self, group, i: int, bucket: _Bucket, local: List[torch.Tensor]) -> torch.Tensor:
-        c = bucket.chunk
-        send = torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local])
-        recv = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
-        dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
-                               [c * len(local)] * self.procs, group=group)
+    def _complete(self, group, i: int, work, recv: torch.Tensor) -> torch.Tensor:
+        """Wait for bucket i's all_to_all, finish the tree for this process's chunk, gather every chunk."""
+        bucket, c = self.buckets[i], self.buckets[i].chunk
+        work.wait()
         for k, plan in enumerate(self.top_plans):
             pushed = recv[k * c:(k + 1) * c]
             for op in plan:

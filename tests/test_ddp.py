@@ -80,6 +80,16 @@ def test_parameters_no_worker_used_keep_no_gradient(procs):
     assert run_job("easyscale", procs=procs, n=4, model="branchy") == reference("branchy")
 
 
+SMALL_BUCKETS = 0.002  # MB: the test CNN in three buckets of 5, 1 and 4 parameters, exchanged during backward
+
+
+@pytest.mark.parametrize("model,procs,ranges", [("cnn", 2, "0,3,4"), ("cnn", 4, ""), ("branchy", 2, "")])
+def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, ranges):
+    # several buckets, an uneven split, parameters no worker used: the same canonical sums
+    assert run_job("easyscale", procs=procs, n=4, model=model, ranges=ranges,
+                   bucket_cap_mb=SMALL_BUCKETS) == reference(model)
+
+
 def test_unused_parameters_match_torch_ddp():
     assert run_job("easyscale", procs=1, n=2, model="branchy") == run_job("ddp", procs=2, n=2, model="branchy")
 

@@ -39,6 +39,10 @@ def test_same_decisions_and_bits_on_every_placement(fixed, procs, tmp_path):
     assert frozen_run(tmp_path, "log", run_job, "easyscale", procs=procs) == fixed
 
 
+def test_frozen_parameters_leave_the_buckets_exchanged_during_backward(fixed, tmp_path):
+    assert frozen_run(tmp_path, "log", run_job, "easyscale", procs=2, bucket_cap_mb=0.002) == fixed
+
+
 def test_same_decisions_and_bits_through_in_place_scaling(fixed, tmp_path):
     assert frozen_run(tmp_path, "log", run_elastic, 1, "1:2,5:4,9:3") == fixed
 

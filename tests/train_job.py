@@ -262,7 +262,8 @@ def run_easyscale(args, model, data, opt):
         freezer = GradientNormFreezer(layers=getattr(model, "body", None), window=1, threshold=args.freeze)
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
                           num_threads=args.threads, broadcast_buffers=bool(args.broadcast_buffers),
-                          find_unused_parameters=args.model == "branchy", freezer=freezer)
+                          find_unused_parameters=args.model == "branchy", freezer=freezer,
+                          bucket_cap_mb=args.bucket_cap_mb or None)
     if args.implicit:  # one virtual worker per process: the unchanged DDP loop
         run_loop(args, ddp, data, opt, args.procs, args.rank)
         return True
@@ -378,6 +379,7 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=1)
     ap.add_argument("--ckpt-keep", type=int, default=3)
     ap.add_argument("--resume", type=int, default=0)
+    ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
