@@ -96,6 +96,7 @@ class CanonicalReducer:
         self._overlap: Optional[Tuple[int, Dict[int, str]]] = None  # (last leaf, names) while it runs backward
         self._folded = [False] * len(self.buckets)
         self._waiting = [len(b.params) for b in self.buckets]  # gradients not yet ready, per bucket
+        self._ready = set()  # parameters whose gradient the last worker's backward has readied
         self._exchanges: List[tuple] = []  # started all_to_alls, in bucket order: (work, received)
         self._group = None
         self._send: Dict[int, torch.Tensor] = {}
@@ -135,8 +136,14 @@ class CanonicalReducer:
     def grad_ready(self, param: torch.nn.Parameter) -> None:
         """param.grad is final for this backward (a post-accumulate-grad hook)."""
         i = self._bucket_of.get(id(param))
-        if self._overlap is None or i is None or self._folded[i]:
+        if self._overlap is None or i is None:
             return
+        if id(param) in self._ready:  # DDP refuses this too: its bucket may be folded and on its way already
+            raise RuntimeError(f"parameter {self._overlap[1].get(id(param), '?')} got a gradient twice in the "
+                               "backward of this process's last virtual worker, whose buckets are exchanged "
+                               "as their gradients become ready: run one backward per virtual worker (sum "
+                               "the losses first)")
+        self._ready.add(id(param))
         self._waiting[i] -= 1
         if self._waiting[i] == 0:
             self._fold_bucket(*self._overlap, i)
@@ -150,6 +157,7 @@ class CanonicalReducer:
             if not done:
                 self._fold_bucket(local_index, names, i)
         self._overlap = None
+        self._ready.clear()
         self._folded = [False] * len(self.buckets)
         self._waiting = [len(b.params) for b in self.buckets]
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
+import easyscale_ext as es
 from easyscale_ext import determinism
 from jobs import run_job
 
@@ -88,6 +90,14 @@ def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, ranges):
     # several buckets, an uneven split, parameters no worker used: the same canonical sums
     assert run_job("easyscale", procs=procs, n=4, model=model, ranges=ranges,
                    bucket_cap_mb=SMALL_BUCKETS) == reference(model)
+
+
+def test_two_backwards_in_the_last_worker_fail_clearly():
+    ddp = es.EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2)
+    with pytest.raises(RuntimeError, match="got a gradient twice .* run one backward per virtual worker"):
+        for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
+            ddp(x).sum().backward()
+            ddp(x).sum().backward()
 
 
 def test_unused_parameters_match_torch_ddp():
