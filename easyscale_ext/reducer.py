@@ -5,8 +5,8 @@ as its backward is done, into a few partial-sum slots (the canonical tree's
 nodes inside the process's range; FoldStack plans it). Across processes the
 partials are exchanged reduce-scatter style (all_to_all: each process gets
 one chunk of every partial), each process finishes the tree for its chunk,
-and an all_reduce of each chunk among -0.0s assembles the result. Every plan is fixed at
-construction, like the c10d Reducer's buckets.
+and an all_reduce of each chunk among -0.0s assembles the result. Every
+plan is fixed at construction, like the c10d Reducer's buckets.
 
 Overlap, as in DDP: buckets of at most `bucket_cap_mb`, in reverse registration
 order, one dtype each. During the step's last local worker's backward, a bucket
@@ -54,11 +54,14 @@ def _bucketed(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> List[List
     """Parameters in reverse registration order (about the order backward readies them), cut into buckets of
     one dtype and at most `cap_bytes` (a larger parameter gets a bucket of its own)."""
     buckets: Dict[torch.dtype, List[List[torch.nn.Parameter]]] = {}
+    filled: Dict[torch.dtype, int] = {}  # bytes in each dtype's open bucket
     for p in reversed(list(params)):
-        mine = buckets.setdefault(p.dtype, [[]])
-        if mine[-1] and sum(q.numel() * q.element_size() for q in mine[-1] + [p]) > cap_bytes:
+        mine, size = buckets.setdefault(p.dtype, [[]]), p.numel() * p.element_size()
+        if mine[-1] and filled[p.dtype] + size > cap_bytes:
             mine.append([])
+            filled[p.dtype] = 0
         mine[-1].append(p)
+        filled[p.dtype] = filled.get(p.dtype, 0) + size
     return [b for per_dtype in buckets.values() for b in per_dtype]
 
 
