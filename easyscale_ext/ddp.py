@@ -19,7 +19,7 @@ import contextlib
 import statistics
 import time
 import weakref
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -117,6 +117,11 @@ class EasyScaleDDP(nn.Module):
         self._callback_queued = False
         self._worker_seconds = collections.deque(maxlen=16)  # forward + backward per worker, recent steps
         self._warmed_up = False  # the first step pays one-off costs (allocations, oneDNN primitives): not a speed
+        # Called with every local worker's context once a synced step's backward is over and before its
+        # exchange can complete anywhere (ElasticMember replicates them there to survive a dead process).
+        self.on_step_contexts: Optional[Callable[[Dict[int, bytes]], None]] = None
+        self.synced_steps = 0  # steps whose reduced gradients this process has handed to the caller
+        self.unsynced_steps = 0  # steps run under no_sync() since the last synced one
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -295,6 +300,8 @@ class EasyScaleDDP(nn.Module):
 
     def _finish_step(self) -> None:
         if self._sync:
+            if self.on_step_contexts is not None:
+                self.on_step_contexts(self._contexts())
             self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
             if self.freezer is not None:
                 self._freeze_pending = self.freezer.after_step(*self._reduced_grads_by_layer())
@@ -304,9 +311,23 @@ class EasyScaleDDP(nn.Module):
             if buffers and self.broadcast_buffers and first == 0:
                 self.store.restore(0, "buffers", buffers)  # rank 0 sends virtual rank 0's
             self._become(first)
-        if self.broadcast_buffers and buffers and self.process_group is not None:
-            self._broadcast(buffers, src=0)  # every process continues from virtual rank 0's buffers
+        self.broadcast_buffers_from_rank0()  # every process continues from virtual rank 0's buffers
         self._in_step = False
+        if self._sync:
+            self.synced_steps += 1
+            self.unsynced_steps = 0
+        else:
+            self.unsynced_steps += 1
+
+    def abandon_step(self) -> None:
+        """Drop the step in progress after a failed collective: gradients, the reducer's exchange state and
+        the open step; the contexts must then be replaced (reconfigure)."""
+        self._in_step = self._implicit = self._callback_queued = False
+        self._current = None
+        self._folded = 0
+        for p in self._trainable:
+            p.grad = None
+        self._plan()
 
     # -- layer freezing ------------------------------------------------------------------------
     def _active_params(self) -> List[nn.Parameter]:
@@ -344,9 +365,12 @@ class EasyScaleDDP(nn.Module):
         """Every local virtual worker's context as bytes (RNG streams, and buffers unless broadcast)."""
         if self._in_step:
             raise RuntimeError(_OPEN_STEP)
-        # the resident worker's state lives in the process
+        return self._contexts()
+
+    def _contexts(self) -> Dict[int, bytes]:
+        # the resident worker's state lives in the process; virtual rank 0's buffers are the job's when broadcast
         self._save(self._resident, "rng", rng.capture(self._cuda))
-        if not self.broadcast_buffers and self._module_buffers():
+        if self._module_buffers() and (not self.broadcast_buffers or self._resident == 0):
             self._save(self._resident, "buffers", self._module_buffers())
         return {v: self.store.serialize(v) for v in self.local_ranks}
 
@@ -359,7 +383,14 @@ class EasyScaleDDP(nn.Module):
             if self.store.deserialize(contexts[v]) != v:
                 raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
         self._accumulating = {v for v in self.local_ranks if self.store.contains(v, "grads")}
+        if self.broadcast_buffers and self.local_ranks[0] == 0 and self.store.contains(0, "buffers"):
+            self.store.restore(0, "buffers", self._module_buffers())  # the buffers every process continues from
         self._become(self.local_ranks[0])
+
+    def broadcast_buffers_from_rank0(self) -> None:
+        """With broadcast_buffers, every process takes process 0's (virtual rank 0's) buffers."""
+        if self.broadcast_buffers and self._module_buffers() and self.process_group is not None:
+            self._broadcast(self._module_buffers(), src=0)
 
     # -- user-facing ---------------------------------------------------------------
     def workers(self, step_batches: Iterable[Tuple[int, object]]) -> Iterator[object]:

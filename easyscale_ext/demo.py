@@ -89,7 +89,7 @@ def worker(args) -> int:
     train_set, test = digits()
     loader = ddp.data_loader(Augmented(train_set), batch_size=BATCH, shuffle=True, seed=args.seed)
     ckpt = Checkpointer(os.path.join(args.out, f"checkpoints-{args.run}"), ddp, opt)
-    position = member.join(ddp, opt, None) if member.joining else ckpt.resume()
+    position = member.start(ddp, opt, None, None if member.joining else ckpt.resume())
     loader.reassign(ddp.local_ranks)
     requests = dict(tuple(int(x) for x in item.split(":")) for item in args.requests.split(",") if item)
     with open(args.metrics, "a") as metrics:

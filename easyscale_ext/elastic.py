@@ -17,6 +17,17 @@ list and its own process group, created on a PrefixStore of the job store.
   destroyed, leavers return, and survivors and joiners form the new group:
   rank 0 (a survivor) broadcasts model, buffers and optimizer state, and every
   process adopts the contexts of the virtual workers it now owns.
+- A process that dies (kill -9, a crash) is replaced in place. Every process
+  beats a heartbeat into the store, and replicates its virtual workers'
+  contexts there at every synced step, after backward and before that step's
+  exchange can complete anywhere (ddp.on_step_contexts): whenever a process
+  holds a step's result, the store holds every worker's context for it. When
+  a collective fails, the training loop calls `recover`: the survivors say
+  which step they hold, a member whose heartbeat stops for `liveness_s` is
+  lost, and the survivors form a new generation that continues from the
+  newest step any of them holds (its holder broadcasts the model and
+  optimizer state), adopting the lost process's virtual workers from the
+  store. The lost steps are redone; the result is bitwise the fixed run's.
 """
 import json
 import os
@@ -24,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import astuple, dataclass, field
 from datetime import timedelta
@@ -35,6 +47,8 @@ import torch.distributed as dist
 from .balance import Balancer, ranges_of
 from .checkpoint import Position
 from .ddp import even_ranges
+
+_CONTEXT_SLOTS = 3  # replicated steps kept: a process is at most one step ahead of any survivor
 
 STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
@@ -103,14 +117,22 @@ class ElasticMember:
     """This process's membership in an elastic job."""
 
     def __init__(self, address: Optional[str] = None, worker_id: Optional[str] = None, backend: str = "gloo",
-                 timeout_s: float = 300.0, balance: Union[bool, Balancer, None] = None):
+                 timeout_s: float = 300.0, balance: Union[bool, Balancer, None] = None, liveness_s: float = 5.0):
         """`balance`: True or a Balancer rebalances virtual workers by measured speed (rank 0's
-        Balancer decides); None reads $EASYSCALE_BALANCE (`easyscale run --balance` sets it)."""
+        Balancer decides); None reads $EASYSCALE_BALANCE (`easyscale run --balance` sets it).
+        `liveness_s`: a process whose heartbeat stops this long is lost (see recover)."""
         address = address or os.environ.get(STORE_ENV)
         if not address:
             raise ValueError(f"no job store: pass address='host:port' or set {STORE_ENV}")
+        if liveness_s <= 0:
+            raise ValueError(f"liveness_s must be > 0, got {liveness_s}")
         self.store = connect(address, timeout_s)
         self.id = worker_id or os.environ.get(ID_ENV) or uuid.uuid4().hex[:12]
+        self.liveness_s = liveness_s
+        self._beats = {}  # process -> (its last heartbeat count seen, when first seen here)
+        threading.Thread(target=_beat, args=(address, self.id, liveness_s / 5, timeout_s), daemon=True,
+                         name="easyscale-heartbeat").start()
+        self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
         self.backend = backend
         self.timeout = timedelta(seconds=timeout_s)
         self.joining = os.environ.get(JOIN_ENV) == "1"
@@ -119,6 +141,7 @@ class ElasticMember:
         self.hooks: List[Callable[[ScaleEvent], None]] = []
         self._published = False  # the job state joiners are checked against
         self._releases_seen = 0  # rank 0: departures requested so far that it has read
+        self._terminated = False
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         if balance is None:
@@ -135,8 +158,22 @@ class ElasticMember:
             raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._await_members(generation)
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
                                 rank=self.members.index(self.id), world_size=len(self.members), timeout=self.timeout)
+
+    def _await_members(self, generation: int) -> None:
+        """Wait until every member of `generation` is there to form its group; a member lost before
+        (e.g. a joiner killed after it was admitted) raises MemberLost instead of stalling the rest."""
+        self.store.set(f"gen/{generation}/arrived/{self.id}", "1")
+        while True:
+            missing = [m for m in self.members if not self.store.check([f"gen/{generation}/arrived/{m}"])]
+            if not missing:
+                return
+            lost = [m for m in missing if self.store.check([f"lost/{m}"]) or self._stale(m)]
+            if lost:
+                raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
+            time.sleep(0.01)
 
     @property
     def rank(self) -> int:
@@ -147,6 +184,7 @@ class ElasticMember:
         needs its last checkpoint)."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         print(f"easyscale: {self.id} got SIGTERM: leaving at the next step boundary", file=sys.stderr, flush=True)
+        self._terminated = True  # a joiner not admitted yet withdraws (join)
         _release(self.store, self.id)
 
     def _departures(self) -> List[str]:
@@ -161,6 +199,18 @@ class ElasticMember:
         self.hooks.append(hook)
 
     # -- joining ----------------------------------------------------------------------
+    def start(self, ddp, optimizer, scheduler, position: Optional[Position] = None) -> Position:
+        """Call once before training, on every process: a joiner joins (see join); a first process starts
+        at `position` (default step 0; e.g. a checkpoint's). Returns the position to train from; from
+        then on the process's virtual workers' contexts are replicated for recover()."""
+        if self.joining:
+            return self.join(ddp, optimizer, scheduler)
+        position = position or Position()
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
+        self._replicate(ddp.export_contexts(), position.step)  # what a loss during the first step goes back to
+        return position
+
     def join(self, ddp, optimizer, scheduler) -> Position:
         """For a joining process, once prepared: wait for admission, then adopt the job's state.
 
@@ -169,7 +219,7 @@ class ElasticMember:
         """
         if not self.joining:
             raise RuntimeError("join() is for processes started to join a running job")
-        self.store.wait(["job_state"])  # published by rank 0 at its first step boundary
+        self._wait_for("job_state")  # published by rank 0 at its first step boundary
         theirs, mine = json.loads(self.store.get("job_state")), _job_state(ddp, optimizer, scheduler)
         differences = [f"{k}: {theirs[k]} in the job, {mine[k]} here" for k in theirs if theirs[k] != mine[k]]
         if differences:
@@ -177,22 +227,52 @@ class ElasticMember:
                              + "; ".join(differences) + "): build the same model, optimizer and LR scheduler "
                              "as the members and pass them all: member.join(ddp, optimizer, scheduler)")
         self.store.set(f"ready/{self.id}", "1")
-        self.store.add("ready_count", 1)
-        self.store.set(f"ready_at/{int(self.store.add('ready_seq', 1))}", self.id)
-        self.store.wait([f"admit/{self.id}"])
-        generation = int(self.store.get(f"admit/{self.id}"))
-        self._enter(generation)
+        while True:
+            self.store.set(f"ready_at/{int(self.store.add('ready_seq', 1))}", self.id)
+            self._wait_for(f"admit/{self.id}")
+            generation = int(self.store.get(f"admit/{self.id}"))
+            try:
+                self._enter(generation)
+                break
+            except MemberLost:  # a member died as this generation formed: wait for the next admission
+                self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(None))  # no state: not a survivor
+                self.store.delete_key(f"admit/{self.id}")
         self.joining = False
-        return self._adopt(ddp, optimizer, scheduler, joined=True)
+        position = self._adopt(ddp, optimizer, scheduler, joined=True)
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
+        return position
+
+    def _wait_for(self, key: str) -> None:
+        """Wait for `key` in the job store; a SIGTERM meanwhile withdraws this joiner (it exits)."""
+        while not self.store.check([key]):
+            if self._terminated:
+                self.store.set(f"lost/{self.id}", "withdrew")
+                print(f"easyscale: {self.id} withdrew before it joined the job", file=sys.stderr, flush=True)
+                raise SystemExit(0)
+            time.sleep(0.05)
 
     def _ready_joiners(self) -> List[str]:
         count = int(self.store.add("ready_seq", 0))
         out = []
         for i in range(1, count + 1):
             who = self.store.get(f"ready_at/{i}").decode()
-            if not self.store.check([f"admit/{who}"]):
+            if who not in out and not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost")) \
+                    and not self._stale(who):
                 out.append(who)
         return out
+
+    def _stale(self, who: str) -> bool:
+        """Whether process `who`'s heartbeat has not moved for liveness_s, as seen from here (no clocks
+        compared across machines). A process that has not started beating is still starting, not lost."""
+        beat, now = int(self.store.add(f"beat/{who}", 0)), time.monotonic()
+        if beat == 0:
+            return False
+        seen = self._beats.get(who)
+        if seen is None or seen[0] != beat:
+            self._beats[who] = (beat, now)
+            return False
+        return now - seen[1] > self.liveness_s
 
     # -- the step boundary --------------------------------------------------------------
     def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False,
@@ -204,6 +284,8 @@ class ElasticMember:
         If every process asked to leave (SIGTERM), the job stops here: it saves
         `position` through `checkpointer` (a Checkpointer) first, if given.
         """
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
         proposal = self._rebalance(ddp, position.step)
         decision = [None]
         if self.rank == 0:
@@ -301,26 +383,31 @@ class ElasticMember:
         return self.members + ready[:target - len(self.members)]
 
     def _adopt(self, ddp, optimizer, scheduler, joined: bool, start: Optional[float] = None,
-               old: Optional[List[str]] = None) -> Position:
+               old: Optional[List[str]] = None, src: int = 0,
+               context_of: Optional[Callable[[int], bytes]] = None) -> Position:
+        """Take the job's state from process `src` (a survivor: rank 0 after a scale event) and this
+        process's virtual workers' contexts (from the scale event's export unless `context_of`)."""
         generation = self.generation
         step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
-        # Rank 0 is a survivor: its model, buffers and optimizer state are the job's.
         ddp.process_group = dist.group.WORLD
-        ddp.broadcast_state(src=0)
+        ddp.broadcast_state(src=src)
         states = [(optimizer.state_dict(), scheduler.state_dict() if scheduler else None, ddp.freezer_state())
-                  if self.rank == 0 else None]
-        dist.broadcast_object_list(states, src=0)  # pickles for us
-        if self.rank != 0:
+                  if self.rank == src else None]
+        dist.broadcast_object_list(states, src=src)  # pickles for us
+        if self.rank != src:
             opt_state, sched_state, freezer_state = states[0]
             optimizer.load_state_dict(opt_state)
             if scheduler is not None:
                 scheduler.load_state_dict(sched_state)
             ddp.load_freezer_state(freezer_state)
         lo, hi = json.loads(self.store.get(f"gen/{generation}/ranges"))[self.rank]
-        ddp.reconfigure(dist.group.WORLD, {v: self.store.get(f"gen/{generation}/ctx/{v}") for v in range(lo, hi)},
-                        virtual_ranks=(lo, hi))
+        exported = context_of is None
+        context_of = context_of or (lambda v: self.store.get(f"gen/{generation}/ctx/{v}"))
+        ddp.reconfigure(dist.group.WORLD, {v: context_of(v) for v in range(lo, hi)}, virtual_ranks=(lo, hi))
+        if not exported:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
+            ddp.broadcast_buffers_from_rank0()
         dist.barrier()
-        if self.rank == 0:  # everyone has adopted: the store need not keep the contexts
+        if exported and self.rank == 0:  # everyone has adopted: the store need not keep the contexts
             for v in range(ddp.world_size):
                 self.store.delete_key(f"gen/{generation}/ctx/{v}")
         position = Position(step, epoch, step_in_epoch)
@@ -335,6 +422,127 @@ class ElasticMember:
             for hook in self.hooks:
                 hook(event)
         return position
+
+
+    # -- surviving a lost process ----------------------------------------------------------
+    def _replicate(self, contexts, step: Optional[int] = None) -> None:
+        """ddp.on_step_contexts: this step's contexts into the store, tagged with the step they end."""
+        step = self._boundary[0].step + 1 if step is None else step
+        self.store.multi_set([f"live/{step % _CONTEXT_SLOTS}/ctx/{v}" for v in contexts],
+                             [f"{step}\n".encode() + ctx for ctx in contexts.values()])
+
+    def recover(self, error: BaseException, ddp, optimizer, scheduler, loader) -> Position:
+        """Call with the error of a failed collective (raised in a step or at a step boundary), on every
+        process the error reaches. If processes of the job died, the survivors continue without them, in
+        place: returns the position to continue the training loop from (`loader` is set to it; the steps
+        after it are redone). Re-raises `error` where it is no lost process, or where the job cannot go on
+        in place (then restart from the last checkpoint)."""
+        if not _communication_error(error):
+            raise error
+        if self._boundary is None:
+            raise RuntimeError("a collective failed before this process's first step boundary, and "
+                               "member.start(ddp, optimizer, scheduler, position) was not called before training: "
+                               "nothing is replicated yet; restart the job from its last checkpoint") from error
+        if ddp.unsynced_steps:
+            raise RuntimeError("a collective failed during gradient accumulation (no_sync): contexts are "
+                               "replicated at synced steps only; restart the job from its last checkpoint") from error
+        start = time.perf_counter()
+        ddp.abandon_step()
+        # Closing this process's connections fails the collectives other survivors may still wait in: the
+        # group goes once nothing holds it, and the failed collective's frames do.
+        traceback.clear_frames(error.__traceback__)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        position, synced_then = self._boundary
+        if ddp.synced_steps > synced_then:  # this step's gradients were handed over: the optimizer has stepped
+            position = Position(position.step + 1, loader.epoch, loader.next_step)
+        old, generation = self.members, self.generation
+        self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(astuple(position)))
+        decision = self._decide_survivors(generation, ddp.world_size, error)
+        if "error" in decision:
+            raise RuntimeError(decision["error"]) from error
+        if self.id not in decision["members"]:
+            raise RuntimeError(f"{self.id} was taken for lost (no heartbeat for {self.liveness_s} s) and the "
+                               "job went on without it") from error
+        members, new = decision["members"], decision["generation"]
+        step = decision["position"][0]
+        self.store.set(f"gen/{new}/position", json.dumps(decision["position"]))
+        self.store.set(f"gen/{new}/ranges", json.dumps(even_ranges(ddp.world_size, len(members))))
+        self.store.set(f"gen/{new}/members", json.dumps(members))
+        print(f"easyscale: {self.id}: lost {', '.join(decision['lost']) or 'no process'}; continuing on "
+              f"{len(members)} processes from step {step}", file=sys.stderr, flush=True)
+        self._enter(new)
+        slot = step % _CONTEXT_SLOTS
+        position = self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old,
+                               src=members.index(decision["source"]),
+                               context_of=lambda v: self.store.get(f"live/{slot}/ctx/{v}").split(b"\n", 1)[1])
+        self._boundary = (position, ddp.synced_steps)
+        loader.reassign(ddp.local_ranks)
+        loader.set_epoch(position.epoch, position.step_in_epoch)
+        return position
+
+    def _decide_survivors(self, generation: int, world_size: int, error: BaseException) -> dict:
+        """Wait until every member of `generation` has said which step it holds or has lost its heartbeat;
+        the first process to see that decides for all (compare_set)."""
+        key = f"gen/{generation}/recovery"
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not self.store.check([key]):
+            held = [m for m in self.members if self.store.check([f"gen/{generation}/holds/{m}"])]
+            lost = [m for m in self.members if m not in held and (self.store.check([f"lost/{m}"]) or self._stale(m))]
+            if len(held) + len(lost) == len(self.members):
+                self.store.compare_set(key, "", json.dumps(self._survivors(generation, held, lost, world_size)))
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no recovery decision within {self.timeout}: the members that neither "
+                                   "failed nor lost their heartbeat are still in the step") from error
+            time.sleep(0.02)
+        return json.loads(self.store.get(key))
+
+    def _survivors(self, generation: int, held: List[str], lost: List[str], world_size: int) -> dict:
+        holds = {m: json.loads(self.store.get(f"gen/{generation}/holds/{m}")) for m in held}
+        held = [m for m in held if holds[m] is not None]  # a joiner that had not taken the job's state yet
+        if not held:
+            return {"error": "every process holding the job's state was lost: restart it from its last checkpoint"}
+        step = max(h[0] for h in holds.values())
+        source = next(m for m in held if holds[m][0] == step)  # it holds the model and optimizer state
+        slot = step % _CONTEXT_SLOTS
+        for v in range(world_size):
+            key = f"live/{slot}/ctx/{v}"
+            tag = self.store.get(key).split(b"\n", 1)[0].decode() if self.store.check([key]) else "none"
+            if tag != str(step):
+                return {"error": f"virtual worker {v}'s context for step {step} is not in the job store (found "
+                                 f"step {tag}): the job cannot continue in place; restart it from its last checkpoint"}
+        latest = generation
+        while self.store.check([f"gen/{latest + 1}/members"]):  # a scale event may have published one
+            latest += 1
+        for m in lost:
+            self.store.set(f"lost/{m}", str(generation))
+        return {"members": held, "lost": lost, "source": source, "position": holds[source],
+                "generation": latest + 1}
+
+
+class MemberLost(RuntimeError):
+    """A process of the job was lost while the others waited for it outside a collective."""
+
+
+def _communication_error(error: BaseException) -> bool:
+    """Whether `error` is a collective's failure (a peer gone), not the training code's."""
+    if isinstance(error, (dist.DistError, MemberLost)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
+
+
+def _beat(address: str, worker: str, interval_s: float, timeout_s: float) -> None:
+    """The heartbeat: a counter in the job store, moved every interval_s on a connection of its own."""
+    try:
+        store = connect(address, timeout_s)
+        while True:
+            store.add(f"beat/{worker}", 1)
+            time.sleep(interval_s)
+    except Exception:  # the store is gone: the job is over
+        return
 
 
 def _job_state(ddp, optimizer, scheduler) -> dict:

@@ -71,8 +71,13 @@ class ElasticLauncher:
                     killed.add(w)
                 break
             for w, c in self.children.items():
-                if w not in members and w not in failed_joiners and c.poll() not in (None, 0) \
-                        and not self.store.check([f"admit/{w}"]):
+                if w in members or c.poll() is None or any(self.store.check([f"{k}/{w}"]) for k in ("admit", "lost")):
+                    continue
+                if w in first:
+                    continue  # never a joiner: a member that left, or one lost (the survivors mark it)
+                if c.returncode < 0:  # a joiner killed before admission: another one replaces it below
+                    self.store.set(f"lost/{w}", "joining")
+                elif c.returncode != 0 and w not in failed_joiners:
                     # Another joiner started the same way would fail the same way.
                     failed_joiners.add(w)
                     self.store.set("target", str(len(members)))
@@ -82,6 +87,7 @@ class ElasticLauncher:
             for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
                 self._spawn(joining=True)
             time.sleep(0.05)
-        codes = [c.wait() for w, c in self.children.items() if w not in killed]
+        # A process the job lost and went on without (elastic.py's recover) does not fail the job.
+        codes = [c.wait() for w, c in self.children.items() if w not in killed and not self.store.check([f"lost/{w}"])]
         return next((code for code in codes if code != 0), 0)
 

@@ -155,7 +155,9 @@ class CanonicalReducer:
         self._waiting[i] -= 1
         if self._waiting[i] == 0:
             self._fold_bucket(*self._overlap, i)
-            while len(self._exchanges) < len(self.buckets) and self._folded[len(self._exchanges)]:
+            # The last bucket waits for finish(), which runs after the step's contexts are replicated
+            # (ddp.on_step_contexts): no process can then complete a step some process has not replicated.
+            while len(self._exchanges) < len(self.buckets) - 1 and self._folded[len(self._exchanges)]:
                 self._start_exchange(len(self._exchanges))
 
     def fold_worker(self, local_index: int, names: Dict[int, str]) -> None:

@@ -47,3 +47,41 @@ def test_release_names_a_current_process_and_never_the_last():
     store.set("gen/2/members", '["w0"]')
     out = release(store.port, "w0")
     assert out.returncode != 0 and "w0 is the job's last process: to stop the job, send it SIGTERM" in out.stderr
+
+
+def _events(path):
+    return [tuple(int(x) for x in line.split()[:3]) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("procs,kill,at", [
+    (2, "w1:3:mid", 2),        # a member, in the middle of its step: the survivors redo step 3
+    (3, "w0:2:boundary", 2),   # rank 0, after its step: the next survivor coordinates
+    (3, "w1:2:ckpt", 2),       # a member while rank 0 writes a checkpoint
+])
+def test_kill9_of_a_member_continues_in_place_bitwise(procs, kill, at, tmp_path):
+    events = tmp_path / "events"
+    assert run_elastic(procs, "", n=4, kill9_at=kill, log_events=events, ckpt_dir=tmp_path / "ckpt",
+                       ckpt_every=2) == reference(n=4)
+    # Without a restart: the survivors go on from the step they all hold (the launcher then starts a
+    # replacement, which joins in place).
+    assert (at, procs, procs - 1) in _events(events)
+
+
+def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
+    events = tmp_path / "events"
+    assert run_elastic(2, "2:3", n=4, kill9_at="w2:0:ready", log_events=events) == reference(n=4)
+    assert _events(events)[-1][2] == 3  # a replacement joined
+
+
+def test_a_failure_that_is_no_lost_process_is_raised_as_it_is():
+    from easyscale_ext.elastic import ElasticMember
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    store.set("gen/0/members", '["w0"]')
+    member = ElasticMember(f"127.0.0.1:{store.port}", "w0")
+    try:
+        bug = ValueError("a bug in the training code")
+        with pytest.raises(ValueError, match="a bug in the training code"):
+            member.recover(bug, None, None, None, None)
+    finally:
+        dist.destroy_process_group()

@@ -11,11 +11,14 @@ Rank 0 writes a SHA-256 over parameters, buffers and optimizer state to --out.
 import argparse
 import contextlib
 import copy
+import faulthandler
 import hashlib
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -235,7 +238,6 @@ def run_reference(args, model, data, opt):
 
 def run_easyscale(args, model, data, opt):
     """EasyScaleDDP, optionally checkpointing, resuming, elastic (in-place scaling) or killed on purpose."""
-    import signal
 
     import easyscale_ext as es
     from easyscale_ext.checkpoint import Checkpointer, Position
@@ -244,7 +246,8 @@ def run_easyscale(args, model, data, opt):
     if args.elastic:
         from easyscale_ext.elastic import ElasticMember
         from easyscale_ext.balance import Balancer
-        member = ElasticMember(balance=Balancer(interval=1, threshold=0.15, patience=2) if args.balance else False)
+        member = ElasticMember(balance=Balancer(interval=1, threshold=0.15, patience=2) if args.balance else False,
+                               liveness_s=args.liveness)
         if args.log_events:
             def record(event):
                 with open(args.log_events, "a") as f:
@@ -271,60 +274,97 @@ def run_easyscale(args, model, data, opt):
     # An LR scheduler whose count the in-place path must carry to joiners.
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if args.scheduler else None
     ckpt = Checkpointer(args.ckpt_dir, ddp, opt, sched, keep=args.ckpt_keep) if args.ckpt_dir else None
+    kills = {w: (int(at), where) for w, at, where in (item.split(":") for item in args.kill9_at.split(",") if item)}
     position = Position()
-    if member is not None and member.joining:
-        position = member.join(ddp, opt, sched if args.join_scheduler else None)
-        loader.reassign(ddp.local_ranks)
-    elif ckpt is not None and args.resume:
+    if ckpt is not None and args.resume and not (member is not None and member.joining):
         position = ckpt.resume()
-        loader.reassign(ddp.local_ranks)  # a checkpoint of an uneven split resumes with it
+    if member is not None and kills.get(member.id, (0, ""))[1] in ("ready", "ready-term"):
+        def kill_when_ready():  # a joiner killed (or asked to leave) once it has registered
+            from easyscale_ext.elastic import STORE_ENV, connect
+            connect(os.environ[STORE_ENV]).wait([f"ready/{member.id}"])  # a connection of its own
+            os.kill(os.getpid(), signal.SIGKILL if kills[member.id][1] == "ready" else signal.SIGTERM)
+        threading.Thread(target=kill_when_ready, daemon=True).start()
+    if member is not None:
+        position = member.start(ddp, opt, sched if args.join_scheduler else None, position)
+    loader.reassign(ddp.local_ranks)  # a joiner's share, or a checkpoint's uneven split
     schedule = dict(tuple(int(x) for x in item.split(":")) for item in args.schedule.split(",") if item)
     sigterms = {w: int(at) for w, at in (item.split(":") for item in args.sigterm_at.split(",") if item)}
     log = open(args.log_samples, "a") if args.log_samples else None
     times = open(args.log_times, "a") if args.log_times else None
-    step = position.step
-    for epoch in range(position.epoch, args.epochs):
-        loader.set_epoch(epoch, position.step_in_epoch if epoch == position.epoch else 0)
-        for step_batches in loader:
-            for v, (_, _, ids) in step_batches:
-                if log:
-                    log.write(f"{epoch} {loader.next_step - 1} {v} {' '.join(map(str, ids.tolist()))}\n")
-                    log.flush()
-            sync = (step + 1) % args.accumulate == 0
-            with contextlib.nullcontext() if sync else ddp.no_sync():
-                for batch in ddp.workers(step_batches):
-                    loss_of(ddp, batch).backward()
-            if sync:
-                opt.step()
-                opt.zero_grad()
-                if sched is not None:
-                    sched.step()
-            step += 1
-            here = Position(step, epoch, loader.next_step)
-            if times:
-                times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
-                            f"{len(ddp.local_ranks)} {ddp.seconds_per_worker() or float('nan'):.6f}\n")
-                times.flush()
-            if args.kill_at == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
-                    and ddp.rank == args.procs - 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if ckpt is not None and step % args.ckpt_every == 0:
-                ckpt.save(here)
-            if member is not None:
-                if sigterms.get(member.id) == step:  # a real signal, mid-run, as a cluster manager sends
-                    os.kill(os.getpid(), signal.SIGTERM)
-                if step in schedule and ddp.rank == 0:
-                    member.store.set("target", str(schedule[step]))
-                if step == args.split_at and ddp.rank == 0:
-                    member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
-                if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block), checkpointer=ckpt):
-                    return False
-                loader.reassign(ddp.local_ranks)
-            if step == args.stop_after:
-                log_freezing(args, ddp)
-                return True
-    log_freezing(args, ddp)
-    return True
+
+    def killed_here(step, where):
+        if member is not None and kills.get(member.id) == (step, where):
+            os.kill(os.getpid(), signal.SIGKILL)  # as a crash, an OOM kill or a lost machine does
+
+    def die(*_):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def arm(step):
+        """Kill this process inside the checkpoint write (rank 0 writes; the others export their contexts to
+        it) or inside a scale event (every member exports its contexts), if asked for this step."""
+        if member is None or kills.get(member.id, (0, ""))[0] != step:
+            return
+        where = kills[member.id][1]
+        if where == "ckpt" and ddp.rank == 0:
+            torch.save = die
+        elif where in ("ckpt", "scale"):
+            ddp.export_contexts = die
+
+    def train(position):
+        step = position.step
+        for epoch in range(position.epoch, args.epochs):
+            loader.set_epoch(epoch, position.step_in_epoch if epoch == position.epoch else 0)
+            for step_batches in loader:
+                for v, (_, _, ids) in step_batches:
+                    if log:
+                        log.write(f"{epoch} {loader.next_step - 1} {v} {' '.join(map(str, ids.tolist()))}\n")
+                        log.flush()
+                sync = (step + 1) % args.accumulate == 0
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    for batch in ddp.workers(step_batches):
+                        loss_of(ddp, batch).backward()
+                        killed_here(step + 1, "mid")
+                if sync:
+                    opt.step()
+                    opt.zero_grad()
+                    if sched is not None:
+                        sched.step()
+                step += 1
+                here = Position(step, epoch, loader.next_step)
+                if times:
+                    times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
+                                f"{len(ddp.local_ranks)} {ddp.seconds_per_worker() or float('nan'):.6f}\n")
+                    times.flush()
+                if args.kill_at == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" \
+                        and ddp.rank == args.procs - 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                arm(step)
+                if ckpt is not None and step % args.ckpt_every == 0:
+                    ckpt.save(here)
+                if member is not None:
+                    killed_here(step, "boundary")
+                    if sigterms.get(member.id) == step:  # a real signal, mid-run, as a cluster manager sends
+                        os.kill(os.getpid(), signal.SIGTERM)
+                    if step in schedule and ddp.rank == 0:
+                        member.store.set("target", str(schedule[step]))
+                    if step == args.split_at and ddp.rank == 0:
+                        member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
+                    if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block), checkpointer=ckpt):
+                        return False
+                    loader.reassign(ddp.local_ranks)
+                if step == args.stop_after:
+                    log_freezing(args, ddp)
+                    return True
+        log_freezing(args, ddp)
+        return True
+
+    while True:
+        try:
+            return train(position)
+        except Exception as error:  # a lost process: the survivors go on in place
+            if member is None:
+                raise
+            position = member.recover(error, ddp, opt, sched, loader)
 
 
 def log_freezing(args, ddp):
@@ -346,6 +386,7 @@ def run_plain(args, model, data, opt):
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung test's processes are: kill -USR1
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
     ap.add_argument("--model", choices=["cnn", "transformer", "branchy"], default="cnn")
@@ -383,6 +424,11 @@ def main():
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
+    ap.add_argument("--liveness", type=float, default=2.0, help="ElasticMember's liveness_s")
+    ap.add_argument("--kill9-at", default="", help="WORKER:STEP:WHERE,...: that process SIGKILLs itself in that "
+                    "step after its first worker's backward (WHERE=mid), at its step boundary (boundary), in the checkpoint "
+                    "write (ckpt), in a scale event (scale), or a joiner once it has registered as ready (ready; ready-term "
+                    "sends SIGTERM instead)")
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
     ap.add_argument("--log-times", default="",
                     help="append 'worker step unix-time local-workers seconds-per-worker' at each step end")
