@@ -93,7 +93,12 @@ def worker(args) -> int:
     loader.reassign(ddp.local_ranks)
     requests = dict(tuple(int(x) for x in item.split(":")) for item in args.requests.split(",") if item)
     with open(args.metrics, "a") as metrics:
-        code = train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics)
+        while True:
+            try:
+                code = train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, metrics)
+                break
+            except Exception as error:  # a process died: the survivors go on in place
+                position = member.recover(error, ddp, opt, None, loader)
     if dist.is_initialized():  # a member that left the job has destroyed its group already
         dist.destroy_process_group()
     return code

@@ -403,8 +403,11 @@ class ElasticMember:
         lo, hi = json.loads(self.store.get(f"gen/{generation}/ranges"))[self.rank]
         exported = context_of is None
         context_of = context_of or (lambda v: self.store.get(f"gen/{generation}/ctx/{v}"))
-        ddp.reconfigure(dist.group.WORLD, {v: context_of(v) for v in range(lo, hi)}, virtual_ranks=(lo, hi))
-        if not exported:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
+        contexts = {v: context_of(v) for v in range(lo, hi)}
+        ddp.reconfigure(dist.group.WORLD, contexts, virtual_ranks=(lo, hi))
+        if exported:  # what a loss in the next step goes back to (a job coming from one process has none)
+            self._replicate(contexts, step)
+        else:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
             ddp.broadcast_buffers_from_rank0()
         dist.barrier()
         if exported and self.rank == 0:  # everyone has adopted: the store need not keep the contexts
@@ -426,7 +429,10 @@ class ElasticMember:
 
     # -- surviving a lost process ----------------------------------------------------------
     def _replicate(self, contexts, step: Optional[int] = None) -> None:
-        """ddp.on_step_contexts: this step's contexts into the store, tagged with the step they end."""
+        """ddp.on_step_contexts: this step's contexts into the store, tagged with the step they end. A job on
+        one process has no survivor to recover: it replicates from its first scale event on (_adopt)."""
+        if len(self.members) == 1 and step is None:
+            return
         step = self._boundary[0].step + 1 if step is None else step
         self.store.multi_set([f"live/{step % _CONTEXT_SLOTS}/ctx/{v}" for v in contexts],
                              [f"{step}\n".encode() + ctx for ctx in contexts.values()])

@@ -53,18 +53,19 @@ def _events(path):
     return [tuple(int(x) for x in line.split()[:3]) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("procs,kill,at", [
-    (2, "w1:3:mid", 2),        # a member, in the middle of its step: the survivors redo step 3
-    (3, "w0:2:boundary", 2),   # rank 0, after its step: the next survivor coordinates
-    (3, "w1:2:ckpt", 2),       # a member while rank 0 writes a checkpoint
+@pytest.mark.parametrize("procs,schedule,kill,at", [
+    (2, "", "w1:3:mid", 2),        # a member, in the middle of its step: the survivors redo step 3
+    (3, "", "w0:2:boundary", 2),   # rank 0, after its step: the next survivor coordinates
+    (3, "", "w1:2:ckpt", 2),       # a member while rank 0 writes a checkpoint
+    (1, "2:2", "w1:3:mid", 2),     # a joiner of a one-process job, in its first step
 ])
-def test_kill9_of_a_member_continues_in_place_bitwise(procs, kill, at, tmp_path):
+def test_kill9_of_a_member_continues_in_place_bitwise(procs, schedule, kill, at, tmp_path):
     events = tmp_path / "events"
-    assert run_elastic(procs, "", n=4, kill9_at=kill, log_events=events, ckpt_dir=tmp_path / "ckpt",
+    assert run_elastic(procs, schedule, n=4, kill9_at=kill, log_events=events, ckpt_dir=tmp_path / "ckpt",
                        ckpt_every=2) == reference(n=4)
     # Without a restart: the survivors go on from the step they all hold (the launcher then starts a
     # replacement, which joins in place).
-    assert (at, procs, procs - 1) in _events(events)
+    assert (at, 2 if schedule else procs, 1 if schedule else procs - 1) in _events(events)
 
 
 def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):

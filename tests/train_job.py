@@ -9,6 +9,7 @@ Modes:
 Rank 0 writes a SHA-256 over parameters, buffers and optimizer state to --out.
 """
 import argparse
+import atexit
 import contextlib
 import copy
 import faulthandler
@@ -254,6 +255,20 @@ def run_easyscale(args, model, data, opt):
                     sizes = " ".join(str(hi - lo) for lo, hi in event.ranges)
                     f.write(f"{event.step} {event.old_procs} {event.new_procs} {sizes}\n")
             member.on_scale(record)
+        if args.log_faults:
+            atexit.register(lambda: fault_log(f"exit {member.id} {time.time():.6f}"))  # the device is free
+            member.on_scale(lambda event: fault_log(f"event {member.id} {event.step} {event.old_procs} "
+                                                    f"{event.new_procs} {time.time():.6f}"))
+
+    def fault_log(line):
+        if args.log_faults:
+            with open(args.log_faults, "a") as f:
+                f.write(line + "\n")
+
+    def signal_self(sig, where, step):
+        """Signal this process as a cluster manager (SIGTERM) or a crash (SIGKILL) would, logged first."""
+        fault_log(f"signal {member.id} {sig.name} {where} {step} {time.time():.6f}")
+        os.kill(os.getpid(), sig)
     ranges = None
     if args.ranges:
         bounds = [int(x) for x in args.ranges.split(",")]
@@ -282,7 +297,7 @@ def run_easyscale(args, model, data, opt):
         def kill_when_ready():  # a joiner killed (or asked to leave) once it has registered
             from easyscale_ext.elastic import STORE_ENV, connect
             connect(os.environ[STORE_ENV]).wait([f"ready/{member.id}"])  # a connection of its own
-            os.kill(os.getpid(), signal.SIGKILL if kills[member.id][1] == "ready" else signal.SIGTERM)
+            signal_self(signal.SIGKILL if kills[member.id][1] == "ready" else signal.SIGTERM, "ready", 0)
         threading.Thread(target=kill_when_ready, daemon=True).start()
     if member is not None:
         position = member.start(ddp, opt, sched if args.join_scheduler else None, position)
@@ -294,10 +309,10 @@ def run_easyscale(args, model, data, opt):
 
     def killed_here(step, where):
         if member is not None and kills.get(member.id) == (step, where):
-            os.kill(os.getpid(), signal.SIGKILL)  # as a crash, an OOM kill or a lost machine does
+            signal_self(signal.SIGKILL, where, step)  # as a crash, an OOM kill or a lost machine does
 
     def die(*_):
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal_self(signal.SIGKILL, kills[member.id][1], kills[member.id][0])
 
     def arm(step):
         """Kill this process inside the checkpoint write (rank 0 writes; the others export their contexts to
@@ -344,7 +359,7 @@ def run_easyscale(args, model, data, opt):
                 if member is not None:
                     killed_here(step, "boundary")
                     if sigterms.get(member.id) == step:  # a real signal, mid-run, as a cluster manager sends
-                        os.kill(os.getpid(), signal.SIGTERM)
+                        signal_self(signal.SIGTERM, "boundary", step)
                     if step in schedule and ddp.rank == 0:
                         member.store.set("target", str(schedule[step]))
                     if step == args.split_at and ddp.rank == 0:
@@ -432,6 +447,7 @@ def main():
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
     ap.add_argument("--log-times", default="",
                     help="append 'worker step unix-time local-workers seconds-per-worker' at each step end")
+    ap.add_argument("--log-faults", default="", help="append signals sent, departures and scale events, timed")
     ap.add_argument("--log-events", default="", help="append 'step old new' for every scale event seen")
     ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
