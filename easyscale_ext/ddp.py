@@ -182,6 +182,15 @@ class EasyScaleDDP(nn.Module):
         self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank,
                                         self.find_unused_parameters, self.bucket_cap_mb)
         self._freeze_pending = False
+        # The freezer's input, fixed with the plan: views of the reduced buckets and their layers, per dtype
+        # (an unused parameter's reduced gradient is zeros: it adds nothing to its layer's norm).
+        layer = {id(p): i for p, i in zip(self._trainable, self._layer_of)}
+        by_dtype: Dict[torch.dtype, Tuple[list, list]] = {}
+        for bucket, flat in zip(self.reducer.buckets, self.reducer.reduced):
+            grads, layers = by_dtype.setdefault(flat.dtype, ([], []))
+            grads += bucket.views(flat)
+            layers += [layer[id(p)] for p in bucket.params]
+        self._reduced_by_layer = ([g for g, _ in by_dtype.values()], [lay for _, lay in by_dtype.values()])
 
     def reconfigure(self, process_group, contexts: Dict[int, bytes], virtual_ranks=None) -> None:
         """Move to a new process group between steps (a scale event): every member calls it.
@@ -304,7 +313,7 @@ class EasyScaleDDP(nn.Module):
                 self.on_step_contexts(self._contexts())
             self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
             if self.freezer is not None:
-                self._freeze_pending = self.freezer.after_step(*self._reduced_grads_by_layer())
+                self._freeze_pending = self.freezer.after_step(*self._reduced_by_layer)
         buffers = self._module_buffers()
         first = self.local_ranks[0]
         if self._resident != first:
@@ -333,15 +342,6 @@ class EasyScaleDDP(nn.Module):
     def _active_params(self) -> List[nn.Parameter]:
         frozen = self.freezer.frozen if self.freezer is not None else 0
         return [p for p, layer in zip(self._trainable, self._layer_of) if not 0 <= layer < frozen]
-
-    def _reduced_grads_by_layer(self):
-        """Per dtype bucket: the reduced gradients and their layers (-1 where none, or unused)."""
-        layer = {id(p): i for p, i in zip(self._trainable, self._layer_of)}
-        grads, layers = [], []
-        for bucket in self.reducer.buckets:
-            grads.append([p.grad if p.grad is not None else p.detach() for p in bucket.params])
-            layers.append([layer[id(p)] if p.grad is not None else -1 for p in bucket.params])
-        return grads, layers
 
     def freezer_state(self) -> Optional[dict]:
         return self.freezer.state_dict() if self.freezer is not None else None

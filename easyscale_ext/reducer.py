@@ -95,6 +95,9 @@ class CanonicalReducer:
         self.top_plans = [top.push(r.lo, r.hi) for a, b in self.ranges for r in _C.local_roots(a, b, self.n)]
         self.top_result = top.slots()[0]
         self.one_addition = self.roots_per_proc == [1, 1]
+        # Where finish() leaves each bucket's reduced gradient: the same tensor every step.
+        self.reduced = ([self.slots[self.root_slots[0]][i] for i in range(len(self.buckets))]
+                        if self.procs == 1 or self.one_addition else [b.flat() for b in self.buckets])
         self.top_slots = [[torch.empty(b.chunk, dtype=b.acc_dtype, device=b.device) for b in self.buckets]
                           for _ in range(top.max_slots)]
         self._zeros: Dict[int, torch.Tensor] = {}
@@ -214,7 +217,7 @@ class CanonicalReducer:
         exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
         for i, bucket in enumerate(self.buckets):
             if self.procs == 1:
-                reduced = self.slots[self.root_slots[0]][i]
+                reduced = self.reduced[i]
             else:
                 reduced = self._complete(group, i, *exchanges[i])
             views = bucket.views(reduced)
@@ -237,7 +240,7 @@ class CanonicalReducer:
             for op in plan:
                 src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
                 fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
-        out = torch.full((bucket.padded,), -0.0, dtype=bucket.acc_dtype, device=bucket.device)
+        out = self.reduced[i].fill_(-0.0)
         out[self.rank * c:(self.rank + 1) * c] = self.top_slots[self.top_result][i]
         dist.all_reduce(out, group=group)
         return out
