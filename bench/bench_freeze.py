@@ -3,12 +3,12 @@
 A 6-block CNN on scikit-learn's digits, N = 4 virtual workers on one process, 8 epochs. Runs, interleaved
 and repeated (medians reported):
   unfrozen   no freezer
-  frozen     GradientNormFreezer(interval 4, window 2, --threshold)
+  frozen     GradientNormFreezer(interval 4, window 2, --threshold, --warmup, --max-frozen)
   idle       a freezer evaluating every step that never freezes (threshold 0): its overhead per step
 "Elements exchanged" counts the reduction plan's gradient elements summed over the steps: what a
 multi-process job sends through its all-to-all and all-gather (4 bytes each).
 
-    .venv/bin/python bench/bench_freeze.py [--repeats 3] [--epochs 8] [--threshold 0.1]
+    .venv/bin/python bench/bench_freeze.py [--repeats 3] [--epochs 8] [--threshold 0.1] [--warmup 0] [--max-frozen 0.8]
 """
 import argparse
 import statistics
@@ -31,11 +31,12 @@ def deep_cnn() -> nn.Module:
     return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(32 * 64, 10))
 
 
-def run(kind: str, epochs: int, threshold: float) -> dict:
+def run(kind: str, epochs: int, threshold: float, warmup: int, cap: float) -> dict:
     torch.manual_seed(0)
     net = deep_cnn()
     freezer = {"unfrozen": None,
-               "frozen": GradientNormFreezer(interval=4, window=2, threshold=threshold),
+               "frozen": GradientNormFreezer(interval=4, window=2, threshold=threshold, warmup=warmup,
+                                             max_frozen_fraction=cap),
                "idle": GradientNormFreezer(interval=1, window=2, threshold=0.0)}[kind]
     ddp = es.EasyScaleDDP(net, virtual_world_size=N, freezer=freezer)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.02, momentum=0.9)
@@ -69,12 +70,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--threshold", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=0, help="the freezer's warm-up steps (no decision before)")
+    ap.add_argument("--max-frozen", type=float, default=0.8, help="the freezer's cap on the frozen fraction")
     args = ap.parse_args()
     torch.set_num_threads(1)
     results = {k: [] for k in ("unfrozen", "frozen", "idle")}
     for _ in range(args.repeats):
         for kind in results:
-            results[kind].append(run(kind, args.epochs, args.threshold))
+            results[kind].append(run(kind, args.epochs, args.threshold, args.warmup, args.max_frozen))
     med = {k: {m: statistics.median(r[m] for r in rs) for m in ("backward", "total", "elements", "accuracy")}
            for k, rs in results.items()}
     base, frozen, idle = med["unfrozen"], med["frozen"], med["idle"]
