@@ -71,13 +71,13 @@ class ElasticLauncher:
                     killed.add(w)
                 break
             for w, c in self.children.items():
-                if w in members or c.poll() is None or any(self.store.check([f"{k}/{w}"]) for k in ("admit", "lost")):
+                if c.poll() in (None, 0) or self.store.check([f"lost/{w}"]):
                     continue
-                if w in first:
-                    continue  # never a joiner: a member that left, or one lost (the survivors mark it)
-                if c.returncode < 0:  # a joiner killed before admission: another one replaces it below
-                    self.store.set(f"lost/{w}", "joining")
-                elif c.returncode != 0 and w not in failed_joiners:
+                if c.returncode < 0 or w in first or self.store.check([f"admit/{w}"]):
+                    # Killed, or a member that died: the others go on without it at once (elastic.py's
+                    # recover; a heartbeat would tell them after liveness_s), a joiner is replaced below.
+                    self.store.set(f"lost/{w}", "exited")
+                elif w not in failed_joiners:
                     # Another joiner started the same way would fail the same way.
                     failed_joiners.add(w)
                     self.store.set("target", str(len(members)))
@@ -87,7 +87,8 @@ class ElasticLauncher:
             for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
                 self._spawn(joining=True)
             time.sleep(0.05)
-        # A process the job lost and went on without (elastic.py's recover) does not fail the job.
-        codes = [c.wait() for w, c in self.children.items() if w not in killed and not self.store.check([f"lost/{w}"])]
+        # A process killed by a signal that the job went on without (elastic.py's recover) does not fail the job.
+        codes = [c.wait() for w, c in self.children.items()
+                 if w not in killed and not (c.returncode < 0 and self.store.check([f"lost/{w}"]))]
         return next((code for code in codes if code != 0), 0)
 

@@ -68,12 +68,6 @@ def test_kill9_of_a_member_continues_in_place_bitwise(procs, schedule, kill, at,
     assert (at, 2 if schedule else procs, 1 if schedule else procs - 1) in _events(events)
 
 
-def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
-    events = tmp_path / "events"
-    assert run_elastic(2, "2:3", n=4, kill9_at="w2:0:ready", log_events=events) == reference(n=4)
-    assert _events(events)[-1][2] == 3  # a replacement joined
-
-
 def test_a_failure_that_is_no_lost_process_is_raised_as_it_is():
     from easyscale_ext.elastic import ElasticMember
 
