@@ -90,7 +90,7 @@ def request_release(address: str, worker: str) -> None:
 
 
 def _release(store, worker: str) -> None:
-    store.set(f"release_at/{int(store.add('release_seq', 1))}", worker)
+    store.append("releases", worker + "\n")  # one atomic write: a death mid-request leaves no gap
 
 
 def request_split(address: str, sizes: List[int]) -> None:
@@ -189,10 +189,11 @@ class ElasticMember:
 
     def _departures(self) -> List[str]:
         """Members that asked to leave since rank 0 last looked (requests for former members are dropped)."""
-        count = int(self.store.add("release_seq", 0))
-        asked = [self.store.get(f"release_at/{i}").decode() for i in range(self._releases_seen + 1, count + 1)]
-        self._releases_seen = count
-        return [m for m in self.members if m in asked]
+        if not self.store.check(["releases"]):
+            return []
+        asked = self.store.get("releases").decode().split()
+        new, self._releases_seen = asked[self._releases_seen:], len(asked)
+        return [m for m in self.members if m in new]
 
     def on_scale(self, hook: Callable[[ScaleEvent], None]) -> None:
         """Call hook(event) on every process after each scale event it survives or joins."""
@@ -228,7 +229,7 @@ class ElasticMember:
                              "as the members and pass them all: member.join(ddp, optimizer, scheduler)")
         self.store.set(f"ready/{self.id}", "1")
         while True:
-            self.store.set(f"ready_at/{int(self.store.add('ready_seq', 1))}", self.id)
+            self.store.append("ready", self.id + "\n")  # one atomic write: a death mid-registration leaves no gap
             self._wait_for(f"admit/{self.id}")
             generation = int(self.store.get(f"admit/{self.id}"))
             try:
@@ -253,14 +254,10 @@ class ElasticMember:
             time.sleep(0.05)
 
     def _ready_joiners(self) -> List[str]:
-        count = int(self.store.add("ready_seq", 0))
-        out = []
-        for i in range(1, count + 1):
-            who = self.store.get(f"ready_at/{i}").decode()
-            if who not in out and not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost")) \
-                    and not self._stale(who):
-                out.append(who)
-        return out
+        if not self.store.check(["ready"]):
+            return []
+        return [who for who in dict.fromkeys(self.store.get("ready").decode().split())
+                if not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost")) and not self._stale(who)]
 
     def _stale(self, who: str) -> bool:
         """Whether process `who`'s heartbeat has not moved for liveness_s, as seen from here (no clocks

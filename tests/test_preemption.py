@@ -43,7 +43,7 @@ def test_release_names_a_current_process_and_never_the_last():
     assert out.returncode != 0 and "has no process 'w1'; its processes are w0, w2" in out.stderr
     assert "Traceback" not in out.stderr
     out = release(store.port, "w2")
-    assert out.returncode == 0 and store.get("release_at/1") == b"w2", out.stderr
+    assert out.returncode == 0 and store.get("releases") == b"w2\n", out.stderr
     store.set("gen/2/members", '["w0"]')
     out = release(store.port, "w0")
     assert out.returncode != 0 and "w0 is the job's last process: to stop the job, send it SIGTERM" in out.stderr
@@ -66,6 +66,12 @@ def test_kill9_of_a_member_continues_in_place_bitwise(procs, schedule, kill, at,
     # Without a restart: the survivors go on from the step they all hold (the launcher then starts a
     # replacement, which joins in place).
     assert (at, 2 if schedule else procs, 1 if schedule else procs - 1) in _events(events)
+
+
+def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
+    events = tmp_path / "events"
+    assert run_elastic(2, "2:3", n=4, kill9_at="w2:0:ready", log_events=events) == reference(n=4)
+    assert _events(events)[-1][2] == 3  # a replacement joined
 
 
 def test_a_failure_that_is_no_lost_process_is_raised_as_it_is():
