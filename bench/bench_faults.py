@@ -13,8 +13,10 @@ inside the scale event / checkpoint write's step and takes effect at the next bo
 Reported: trials bitwise equal; time from SIGTERM to the process's exit (its device free, p50 /
 max); time from a kill -9 to training again (the survivors' new generation, p50 / max); steps
 redone (the step in progress at the death minus the step the survivors continued from).
+`--kinds SIGSTOP`: a lost machine instead (a member or rank 0 stops mid-step with its connections open:
+no collective fails before the group's timeout; the others' heartbeat threads cut the group).
 
-    .venv/bin/python bench/bench_faults.py [--trials 20] [--seed 0] [--liveness 2]
+    .venv/bin/python bench/bench_faults.py [--trials 20] [--seed 0] [--liveness 2] [--kinds SIGTERM,kill -9]
     .venv/bin/python bench/bench_faults.py --cost 40   # replication's cost per step (demo model, 2 processes)
 """
 import argparse
@@ -32,13 +34,17 @@ from jobs import run_elastic, run_job  # noqa: E402
 STEPS = 6  # 3 steps per epoch, 2 epochs
 
 
-def trial(rng: random.Random, liveness: float, tmp: str):
-    kind, who, where = rng.choice(["SIGTERM", "kill -9"]), rng.choice(["member", "rank 0", "joiner"]), \
+def trial(rng: random.Random, liveness: float, tmp: str, kinds):
+    kind, who, where = rng.choice(kinds), rng.choice(["member", "rank 0", "joiner"]), \
         rng.choice(["mid-step", "scale event", "checkpoint write"])
+    if kind == "SIGSTOP":
+        who, where = ("rank 0" if who == "rank 0" else "member"), "mid-step"
     at = rng.randint(2, STEPS - 1)
     worker = {"member": f"w{rng.randint(1, 2)}", "rank 0": "w0", "joiner": "w3"}[who]
     schedule = f"{at}:4" if who == "joiner" else (f"{at}:2" if where == "scale event" else "")
-    if kind == "kill -9" and who != "joiner":
+    if kind == "SIGSTOP":
+        options = dict(kill9_at=f"{worker}:{at}:stop")
+    elif kind == "kill -9" and who != "joiner":
         point = {"mid-step": "mid", "scale event": "scale", "checkpoint write": "ckpt"}[where]
         if where == "scale event" and worker == "w2":
             worker = "w1"  # a scale-in to 2 processes lets w2 go: kill one that stays
@@ -138,6 +144,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--liveness", type=float, default=2.0, help="ElasticMember's liveness_s")
+    ap.add_argument("--kinds", default="SIGTERM,kill -9", help="signals drawn from: SIGTERM, kill -9, SIGSTOP")
     ap.add_argument("--cost", type=int, default=0, metavar="STEPS",
                     help="instead: the replication's cost per step on the demo's model, over STEPS steps each way")
     args = ap.parse_args()
@@ -148,7 +155,7 @@ def main() -> None:
     results = []
     for i in range(args.trials):
         with tempfile.TemporaryDirectory() as tmp:
-            r = trial(rng, args.liveness, tmp)
+            r = trial(rng, args.liveness, tmp, args.kinds.split(","))
         r["bitwise"] = r["digest"] == reference
         results.append(r)
         extra = " ".join(f"{k}={r[k]:.2f}" if isinstance(r[k], float) else f"{k}={r[k]}"
@@ -164,7 +171,7 @@ def main() -> None:
     redone = [r["redone"] for r in results if r.get("redone") is not None]
     print(f"\n{sum(r['bitwise'] for r in results)} of {len(results)} trials bitwise equal to the fixed run")
     print(f"SIGTERM to the device free: {summary('to_free')}")
-    print(f"kill -9 to training again (liveness_s {args.liveness}): {summary('to_training')}")
+    print(f"kill -9 or SIGSTOP to training again (liveness_s {args.liveness}): {summary('to_training')}")
     print(f"steps redone: {dict(sorted((k, redone.count(k)) for k in set(redone)))}")
 
 

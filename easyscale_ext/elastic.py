@@ -28,10 +28,14 @@ list and its own process group, created on a PrefixStore of the job store.
   newest step any of them holds (its holder broadcasts the model and
   optimizer state), adopting the lost process's virtual workers from the
   store. The lost steps are redone; the result is bitwise the fixed run's.
+  A member that stops without closing its connections (a lost machine, a
+  stopped process) fails no collective before its timeout: the heartbeat
+  thread, which also watches the others' beats, cuts the group's connections.
 """
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -39,7 +43,7 @@ import traceback
 import uuid
 from dataclasses import astuple, dataclass, field
 from datetime import timedelta
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -129,9 +133,12 @@ class ElasticMember:
         self.store = connect(address, timeout_s)
         self.id = worker_id or os.environ.get(ID_ENV) or uuid.uuid4().hex[:12]
         self.liveness_s = liveness_s
-        self._beats = {}  # process -> (its last heartbeat count seen, when first seen here)
-        threading.Thread(target=_beat, args=(address, self.id, liveness_s / 5, timeout_s), daemon=True,
-                         name="easyscale-heartbeat").start()
+        self._liveness = _Liveness(self.store, liveness_s)
+        # (generation, members, the group's sockets) while a group is up: what the heartbeat thread watches
+        self._watch: Optional[Tuple[int, List[str], Dict[int, int]]] = None
+        # Connected before any group forms, so that its socket is never taken for one of the group's.
+        beat_store = connect(address, timeout_s)
+        threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True, name="easyscale-heartbeat").start()
         self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
         self.backend = backend
         self.timeout = timedelta(seconds=timeout_s)
@@ -156,11 +163,37 @@ class ElasticMember:
         self.members = json.loads(self.store.get(f"gen/{generation}/members"))
         if self.id not in self.members:
             raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._leave_group()
         self._await_members(generation)
+        before = _sockets()
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
                                 rank=self.members.index(self.id), world_size=len(self.members), timeout=self.timeout)
+        # gloo's connections to the other members (NCCL's are its own: it fails at its timeout, then recovers)
+        sockets = {fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode} \
+            if self.backend == "gloo" else {}
+        self._watch = (generation, list(self.members), sockets)
+
+    def _leave_group(self) -> None:
+        self._watch = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _heartbeat(self, store) -> None:
+        """Beat this process's counter every liveness_s / 5 on a connection of its own, and watch the
+        members' beats: one that stopped without closing its connections (a lost machine, a stopped
+        process) fails no collective before the group's timeout, so its lapse cuts the group's connections
+        here, which fails the collective this process waits in, if any, at once (then recover())."""
+        liveness, cut = _Liveness(store, self.liveness_s), None
+        try:
+            while True:
+                store.add(f"beat/{self.id}", 1)
+                watch = self._watch
+                if watch is not None and watch[0] != cut and any(liveness.stale(m) for m in watch[1] if m != self.id):
+                    cut = watch[0]
+                    _shut_down(watch[2])
+                time.sleep(self.liveness_s / 5)
+        except Exception:  # the store is gone: the job is over
+            return
 
     def _await_members(self, generation: int) -> None:
         """Wait until every member of `generation` is there to form its group; a member lost before
@@ -170,7 +203,7 @@ class ElasticMember:
             missing = [m for m in self.members if not self.store.check([f"gen/{generation}/arrived/{m}"])]
             if not missing:
                 return
-            lost = [m for m in missing if self.store.check([f"lost/{m}"]) or self._stale(m)]
+            lost = [m for m in missing if self.store.check([f"lost/{m}"]) or self._liveness.stale(m)]
             if lost:
                 raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
             time.sleep(0.01)
@@ -257,19 +290,8 @@ class ElasticMember:
         if not self.store.check(["ready"]):
             return []
         return [who for who in dict.fromkeys(self.store.get("ready").decode().split())
-                if not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost")) and not self._stale(who)]
-
-    def _stale(self, who: str) -> bool:
-        """Whether process `who`'s heartbeat has not moved for liveness_s, as seen from here (no clocks
-        compared across machines). A process that has not started beating is still starting, not lost."""
-        beat, now = int(self.store.add(f"beat/{who}", 0)), time.monotonic()
-        if beat == 0:
-            return False
-        seen = self._beats.get(who)
-        if seen is None or seen[0] != beat:
-            self._beats[who] = (beat, now)
-            return False
-        return now - seen[1] > self.liveness_s
+                if not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost"))
+                and not self._liveness.stale(who)]
 
     # -- the step boundary --------------------------------------------------------------
     def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False,
@@ -324,7 +346,7 @@ class ElasticMember:
                     self.store.set(f"admit/{who}", str(generation))
         dist.barrier()
         if self.id not in members:
-            dist.destroy_process_group()
+            self._leave_group()
             return False
         self._enter(generation)
         self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old)
@@ -337,7 +359,7 @@ class ElasticMember:
         elif self.rank == 0:
             print(f"easyscale: every process of the job left at step {position.step} and no checkpointer was "
                   "passed to step_boundary(): the state after this step is not saved", file=sys.stderr, flush=True)
-        dist.destroy_process_group()
+        self._leave_group()
 
     def _rebalance(self, ddp, step: int) -> Optional[List[int]]:
         """New range sizes for rank 0 to decide on (None elsewhere, or to keep the split): a split
@@ -454,8 +476,7 @@ class ElasticMember:
         # Closing this process's connections fails the collectives other survivors may still wait in: the
         # group goes once nothing holds it, and the failed collective's frames do.
         traceback.clear_frames(error.__traceback__)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._leave_group()
         position, synced_then = self._boundary
         if ddp.synced_steps > synced_then:  # this step's gradients were handed over: the optimizer has stepped
             position = Position(position.step + 1, loader.epoch, loader.next_step)
@@ -491,7 +512,8 @@ class ElasticMember:
         deadline = time.monotonic() + self.timeout.total_seconds()
         while not self.store.check([key]):
             held = [m for m in self.members if self.store.check([f"gen/{generation}/holds/{m}"])]
-            lost = [m for m in self.members if m not in held and (self.store.check([f"lost/{m}"]) or self._stale(m))]
+            lost = [m for m in self.members
+                    if m not in held and (self.store.check([f"lost/{m}"]) or self._liveness.stale(m))]
             if len(held) + len(lost) == len(self.members):
                 self.store.compare_set(key, "", json.dumps(self._survivors(generation, held, lost, world_size)))
                 break
@@ -537,15 +559,49 @@ def _communication_error(error: BaseException) -> bool:
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
 
 
-def _beat(address: str, worker: str, interval_s: float, timeout_s: float) -> None:
-    """The heartbeat: a counter in the job store, moved every interval_s on a connection of its own."""
-    try:
-        store = connect(address, timeout_s)
-        while True:
-            store.add(f"beat/{worker}", 1)
-            time.sleep(interval_s)
-    except Exception:  # the store is gone: the job is over
-        return
+class _Liveness:
+    """Whose heartbeat has not moved for liveness_s, as seen from here (no clocks compared across
+    machines). A process that has not started beating is still starting, not lost."""
+
+    def __init__(self, store, liveness_s: float):
+        self.store, self.liveness_s = store, liveness_s
+        self.seen: Dict[str, Tuple[int, float]] = {}  # process -> (its last beat count, when first seen here)
+
+    def stale(self, who: str) -> bool:
+        beat, now = int(self.store.add(f"beat/{who}", 0)), time.monotonic()
+        if beat == 0:
+            return False
+        seen = self.seen.get(who)
+        if seen is None or seen[0] != beat:
+            self.seen[who] = (beat, now)
+            return False
+        return now - seen[1] > self.liveness_s
+
+
+def _sockets() -> Dict[int, int]:
+    """This process's open sockets, fd -> inode (Linux's /proc; empty elsewhere: no group is then cut)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            out[int(fd)] = int(link[len("socket:["):-1])
+    return out
+
+
+def _shut_down(sockets: Dict[int, int]) -> None:
+    """Shut down the connected ones of these sockets (a group's: gloo's pairs; not its listener, whose
+    failure aborts the process), unless their descriptors were closed and reused since."""
+    for fd, inode in sockets.items():
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:  # the duplicate keeps the socket while we look
+                if os.fstat(s.fileno()).st_ino == inode and s.family in (socket.AF_INET, socket.AF_INET6) \
+                        and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    s.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed, or not connected
+            continue
 
 
 def _job_state(ddp, optimizer, scheduler) -> dict:

@@ -71,7 +71,10 @@ class ElasticLauncher:
                     killed.add(w)
                 break
             for w, c in self.children.items():
-                if c.poll() in (None, 0) or self.store.check([f"lost/{w}"]):
+                if c.poll() is None and self.store.check([f"lost/{w}"]):
+                    c.kill()  # the job went on without it (it hung, or stopped): it must not come back
+                    c.wait()
+                if c.returncode in (None, 0) or self.store.check([f"lost/{w}"]):
                     continue
                 if c.returncode < 0 or w in first or self.store.check([f"admit/{w}"]):
                     # Killed, or a member that died: the others go on without it at once (elastic.py's

@@ -68,6 +68,14 @@ def test_kill9_of_a_member_continues_in_place_bitwise(procs, schedule, kill, at,
     assert (at, 2 if schedule else procs, 1 if schedule else procs - 1) in _events(events)
 
 
+def test_a_member_that_stops_with_its_connections_open_is_cut_off_by_its_heartbeat(tmp_path):
+    # A lost machine: no collective fails before the group's 300 s timeout (the launcher's 120 s ends the
+    # test first); the others' heartbeat threads see its beat stop (liveness_s 2) and cut the group.
+    events = tmp_path / "events"
+    assert run_elastic(3, "", n=4, kill9_at="w1:3:stop", log_events=events, timeout=120) == reference(n=4)
+    assert (2, 3, 2) in _events(events)
+
+
 def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
     events = tmp_path / "events"
     assert run_elastic(2, "2:3", n=4, kill9_at="w2:0:ready", log_events=events) == reference(n=4)

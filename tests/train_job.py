@@ -309,7 +309,9 @@ def run_easyscale(args, model, data, opt):
 
     def killed_here(step, where):
         if member is not None and kills.get(member.id) == (step, where):
-            signal_self(signal.SIGKILL, where, step)  # as a crash, an OOM kill or a lost machine does
+            signal_self(signal.SIGKILL, where, step)  # as a crash or an OOM kill does
+        if member is not None and where == "mid" and kills.get(member.id) == (step, "stop"):
+            signal_self(signal.SIGSTOP, "stop", step)  # as a lost machine: its connections stay open
 
     def die(*_):
         signal_self(signal.SIGKILL, kills[member.id][1], kills[member.id][0])
@@ -443,7 +445,7 @@ def main():
     ap.add_argument("--kill9-at", default="", help="WORKER:STEP:WHERE,...: that process SIGKILLs itself in that "
                     "step after its first worker's backward (WHERE=mid), at its step boundary (boundary), in the checkpoint "
                     "write (ckpt), in a scale event (scale), or a joiner once it has registered as ready (ready; ready-term "
-                    "sends SIGTERM instead)")
+                    "sends SIGTERM instead); stop: SIGSTOP where mid would kill")
     ap.add_argument("--block", type=int, default=1, help="scale requests wait for joiners (else stop-free)")
     ap.add_argument("--log-times", default="",
                     help="append 'worker step unix-time local-workers seconds-per-worker' at each step end")
