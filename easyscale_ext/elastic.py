@@ -188,8 +188,11 @@ class ElasticMember:
             while True:
                 store.add(f"beat/{self.id}", 1)
                 watch = self._watch
-                if watch is not None and watch[0] != cut and any(liveness.stale(m) for m in watch[1] if m != self.id):
+                lapsed = [m for m in watch[1] if m != self.id and liveness.stale(m)] if watch else []
+                if lapsed and watch[0] != cut:
                     cut = watch[0]
+                    for m in lapsed:  # recover() need not wait out another liveness_s to see it
+                        store.set(f"lost/{m}", "no heartbeat")
                     _shut_down(watch[2])
                 time.sleep(self.liveness_s / 5)
         except Exception:  # the store is gone: the job is over
