@@ -149,6 +149,7 @@ class ElasticMember:
         self._published = False  # the job state joiners are checked against
         self._releases_seen = 0  # rank 0: departures requested so far that it has read
         self._terminated = False
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         if balance is None:
@@ -219,6 +220,9 @@ class ElasticMember:
         """Leave at the next step boundary, in place. A second SIGTERM terminates at once (the job then
         needs its last checkpoint)."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker, a pool's): ends as by default
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         print(f"easyscale: {self.id} got SIGTERM: leaving at the next step boundary", file=sys.stderr, flush=True)
         self._terminated = True  # a joiner not admitted yet withdraws (join)
         _release(self.store, self.id)

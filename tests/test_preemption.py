@@ -1,8 +1,11 @@
 """Preemption: a process asked to leave (SIGTERM, `easyscale scale --release`) leaves in place at the next step
 boundary, its virtual workers move to the others, and the job ends bitwise equal to the fixed run; when every
 process leaves, the job checkpoints and a restart continues bitwise."""
+import os
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -82,15 +85,43 @@ def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
     assert _events(events)[-1][2] == 3  # a replacement joined
 
 
-def test_a_failure_that_is_no_lost_process_is_raised_as_it_is():
+@pytest.fixture
+def member():
+    """A one-process job's member in this process; the SIGTERM handler it installs is taken back after."""
     from easyscale_ext.elastic import ElasticMember
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
     store.set("gen/0/members", '["w0"]')
-    member = ElasticMember(f"127.0.0.1:{store.port}", "w0")
+    previous = signal.getsignal(signal.SIGTERM)
     try:
-        bug = ValueError("a bug in the training code")
-        with pytest.raises(ValueError, match="a bug in the training code"):
-            member.recover(bug, None, None, None, None)
+        yield ElasticMember(f"127.0.0.1:{store.port}", "w0")
     finally:
         dist.destroy_process_group()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_failure_that_is_no_lost_process_is_raised_as_it_is(member):
+    bug = ValueError("a bug in the training code")
+    with pytest.raises(ValueError, match="a bug in the training code"):
+        member.recover(bug, None, None, None, None)
+
+
+def test_sigterm_to_a_forked_child_ends_it_and_releases_nothing(member):
+    # A DataLoader worker or a pool's process inherits the handler: SIGTERM must end it, as by default (a
+    # pool's terminate() hung on it), not ask its parent's process to leave.
+    ready, started = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(started, b"1")  # a signal before Python's after-fork clean-up would be dropped
+        time.sleep(30)
+        os._exit(0)
+    os.read(ready, 1)
+    os.kill(child, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert done[0] == child and os.WIFSIGNALED(done[1]) and os.WTERMSIG(done[1]) == signal.SIGTERM
+    assert not member.store.check(["releases"])
