@@ -441,7 +441,7 @@ def main():
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
-    ap.add_argument("--liveness", type=float, default=2.0, help="ElasticMember's liveness_s")
+    ap.add_argument("--liveness", type=float, default=5.0, help="ElasticMember's liveness_s (its default)")
     ap.add_argument("--kill9-at", default="", help="WORKER:STEP:WHERE,...: that process SIGKILLs itself in that "
                     "step after its first worker's backward (WHERE=mid), at its step boundary (boundary), in the checkpoint "
                     "write (ckpt), in a scale event (scale), or a joiner once it has registered as ready (ready; ready-term "
