@@ -132,20 +132,21 @@ def child_memory(model_name, k, steps, mode):
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def child_pair(kind, rank, init, steps, model_name):
-    """One rank of a 2-process job: EasyScaleDDP N=2 (`easyscale`; `easyscale-one-bucket`: the whole
-    exchange after backward) or torch DDP (`ddp`)."""
+def child_pair(kind, rank, init, steps, model_name, procs=2):
+    """One rank of a `procs`-process job: EasyScaleDDP N = procs (`easyscale`; `easyscale-one-bucket`: the
+    whole exchange after backward) or torch DDP (`ddp`)."""
     import torch.distributed as dist
 
     import easyscale_ext as es
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
     model, batch = make(model_name, 32 if model_name == "convbn" else 16)
     if kind == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model)
     else:
-        ddp = es.EasyScaleDDP(model, virtual_world_size=2, bucket_cap_mb=1e6 if kind.endswith("one-bucket") else None)
+        ddp = es.EasyScaleDDP(model, virtual_world_size=procs,
+                              bucket_cap_mb=1e6 if kind.endswith("one-bucket") else None)
     times = []
     for i in range(steps + 2):
         dist.barrier()
@@ -165,15 +166,15 @@ def spawn(args, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spawn_pair(kind, steps, model_name):
+def spawn_pair(kind, steps, model_name, procs=2):
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rdzv")
-        procs = [subprocess.Popen([sys.executable, __file__, "--child",
-                                   json.dumps(["pair", kind, r, init, steps, model_name])],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(2)]
+        children = [subprocess.Popen([sys.executable, __file__, "--child",
+                                      json.dumps(["pair", kind, r, init, steps, model_name, procs])],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(procs)]
         results = []
-        for p in procs:
+        for p in children:
             out, err = p.communicate()
             if p.returncode:
                 raise RuntimeError(err)
@@ -188,6 +189,7 @@ def main():
     ap.add_argument("--child")
     ap.add_argument("--overlap", action="store_true", help="only the overlap of the exchange with backward")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--procs", type=int, default=2, help="--overlap: processes (N = procs; 3: the general exchange)")
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -199,7 +201,7 @@ def main():
             os._exit(0)
         return
     if args.overlap:
-        return overlap(args.repeats)
+        return overlap(args.repeats, args.procs)
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
@@ -238,14 +240,15 @@ def main():
             json.dump(results, f, indent=1)
 
 
-def overlap(repeats: int) -> None:
+def overlap(repeats: int, procs: int) -> None:
     runs = {k: [] for k in ("easyscale", "easyscale-one-bucket", "ddp", "compute")}
     for _ in range(repeats):
         for kind in runs:
             runs[kind].append(spawn(["overhead", "mlp", 1, 10, "D0"])["accumulation"] if kind == "compute"
-                              else spawn_pair(kind, 10, "mlp"))
+                              else spawn_pair(kind, 10, "mlp", procs))
     t = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"21 M-parameter MLP, batch 16, N = 2 on 2 processes (gloo), medians of {repeats} runs of 10 steps")
+    print(f"21 M-parameter MLP, batch 16, N = {procs} on {procs} processes (gloo), medians of {repeats} runs of "
+          "10 steps")
     print("| EasyScaleDDP, 25 MB buckets | one bucket | torch DDP | compute alone | vs DDP | hidden |")
     print("|---|---|---|---|---|---|")
     hidden = (t["easyscale-one-bucket"] - t["easyscale"]) / (t["easyscale-one-bucket"] - t["compute"])

@@ -5,7 +5,9 @@ as its backward is done, into a few partial-sum slots (the canonical tree's
 nodes inside the process's range; FoldStack plans it). Across processes the
 partials are exchanged reduce-scatter style (all_to_all: each process gets
 one chunk of every partial), each process finishes the tree for its chunk,
-and an all_reduce of each chunk among -0.0s assembles the result. Where the
+and a second all_to_all, of each process's chunk to every process, assembles
+the result: an all_gather's bytes, which gloo moves faster this way than by
+its all_gather (31 against 71 ms for 84 MB on 2 processes). Where the
 tree's cross-process part is one addition (two processes, each owning one
 subtree of the root: P = 2 with N even, for one), a plain all_reduce of the
 local roots computes exactly that addition (a + b == b + a bitwise), with the
@@ -112,6 +114,7 @@ class CanonicalReducer:
         self._group = None
         self._send: Dict[int, torch.Tensor] = {}
         self._recv: Dict[int, torch.Tensor] = {}
+        self._gather: Dict[int, torch.Tensor] = {}  # this process's finished chunk, once per process
 
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
@@ -198,49 +201,55 @@ class CanonicalReducer:
             return
         bucket, c = self.buckets[i], self.buckets[i].chunk
         local = [self.slots[s][i] for s in self.root_slots]
-        if i not in self._send:  # kept across steps: fresh buffers of this size cost page faults every step
-            self._send[i] = torch.empty(c * len(local) * self.procs, dtype=bucket.acc_dtype, device=bucket.device)
+        if i not in self._recv:  # kept across steps: fresh buffers of this size cost page faults every step
             self._recv[i] = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
-        send, recv = self._send[i], self._recv[i]
-        torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local], out=send)
+            if len(local) > 1:
+                self._send[i] = torch.empty(c * len(local) * self.procs, dtype=bucket.acc_dtype, device=bucket.device)
+        recv = self._recv[i]
+        if len(local) == 1:
+            send = local[0]  # one root: its chunks are in destination order already
+        else:
+            send = self._send[i]
+            torch.cat([part[q * c:(q + 1) * c] for q in range(self.procs) for part in local], out=send)
         work = dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
                                       [c * len(local)] * self.procs, group=self._group, async_op=True)
         self._exchanges.append((work, recv))
 
     def finish(self, group, gradient_as_bucket_view: bool) -> None:
         """Complete the tree across the processes of `group` and write each param.grad. Collectives in the
-        same order on every process: the all_to_alls not started yet, the used flags, the gathering all_reduces."""
+        same order on every process: the all_to_alls not started yet, the used flags, the gathers."""
         self._group = group
         while len(self._exchanges) < len(self.buckets):
             self._start_exchange(len(self._exchanges))
         used = self._used_by_any_worker(group) if self.find_unused else None
         exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
+        gathers = [None if self.procs == 1 else self._complete(group, i, *exchanges[i])
+                   for i in range(len(self.buckets))]
         for i, bucket in enumerate(self.buckets):
-            if self.procs == 1:
-                reduced = self.reduced[i]
-            else:
-                reduced = self._complete(group, i, *exchanges[i])
-            views = bucket.views(reduced)
+            if gathers[i] is not None:
+                gathers[i].wait()
+            views = bucket.views(self.reduced[i])
             for k, (p, g) in enumerate(zip(bucket.params, views)):
                 if used is not None and not used[i][k]:
                     p.grad = None
                 else:
                     p.grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
 
-    def _complete(self, group, i: int, work, recv: torch.Tensor) -> torch.Tensor:
-        """Wait for bucket i's all_to_all, finish the tree for this process's chunk, gather every chunk:
-        an all_reduce of this chunk among -0.0s (x + -0.0 == x exactly, -0.0 included), which the backends
-        run faster than their all_gather (gloo: 78 against 126 ms for 84 MB on 2 processes)."""
+    def _complete(self, group, i: int, work, recv: torch.Tensor):
+        """Wait for bucket i's exchange, finish the tree for this process's chunk, and start gathering every
+        chunk into self.reduced[i] (an all_to_all of this chunk to every process: process q's lands at chunk
+        q); returns the gather's work (None where the exchange left the result there: one addition)."""
         work.wait()
         if self.one_addition:
-            return recv  # the root: r0 + r1
+            return None  # recv is the root slot, r0 + r1
         bucket, c = self.buckets[i], self.buckets[i].chunk
         for k, plan in enumerate(self.top_plans):
             pushed = recv[k * c:(k + 1) * c]
             for op in plan:
                 src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
                 fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
-        out = self.reduced[i].fill_(-0.0)
-        out[self.rank * c:(self.rank + 1) * c] = self.top_slots[self.top_result][i]
-        dist.all_reduce(out, group=group)
-        return out
+        if i not in self._gather:
+            self._gather[i] = torch.empty(bucket.padded, dtype=bucket.acc_dtype, device=bucket.device)
+        send = self._gather[i]
+        send.view(self.procs, c).copy_(self.top_slots[self.top_result][i].expand(self.procs, c))
+        return dist.all_to_all_single(self.reduced[i], send, group=group, async_op=True)
