@@ -90,8 +90,9 @@ class ElasticLauncher:
             for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
                 self._spawn(joining=True)
             time.sleep(0.05)
-        # A process killed by a signal that the job went on without (elastic.py's recover) does not fail the job.
-        codes = [c.wait() for w, c in self.children.items()
-                 if w not in killed and not (c.returncode < 0 and self.store.check([f"lost/{w}"]))]
-        return next((code for code in codes if code != 0), 0)
+        # A process killed by a signal that the job went on without (elastic.py's recover) does not fail the job;
+        # one that left may still be exiting.
+        codes = {w: c.wait() for w, c in self.children.items() if w not in killed}
+        return next((code for w, code in codes.items()
+                     if code != 0 and not (code < 0 and self.store.check([f"lost/{w}"]))), 0)
 
