@@ -114,7 +114,7 @@ class CanonicalReducer:
         self._group = None
         self._send: Dict[int, torch.Tensor] = {}
         self._recv: Dict[int, torch.Tensor] = {}
-        self._gather: Dict[int, torch.Tensor] = {}  # this process's finished chunk, once per process
+        self._gather: Dict[int, torch.Tensor] = {}  # this process's finished chunk, repeated for every process
 
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
