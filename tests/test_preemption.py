@@ -116,6 +116,8 @@ def test_sigterm_to_a_forked_child_ends_it_and_releases_nothing(member):
         time.sleep(30)
         os._exit(0)
     os.read(ready, 1)
+    os.close(ready)
+    os.close(started)
     os.kill(child, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
