@@ -65,7 +65,7 @@ void dispatch_dtype(DType t, F&& f) {
 // Checks shared by both backends; throws std::invalid_argument.
 void check_list(const TensorList& list, const char* op);
 
-// Tensors are sliced into chunks of this many elements for parallel work;
+// CPU threads take tensors in chunks of this many elements;
 // the association never depends on it.
 constexpr int64_t kChunk = 1 << 14;
 

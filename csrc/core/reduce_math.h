@@ -138,24 +138,61 @@ constexpr int kMaxTreeDepth = 64;
 template <typename A, typename Load>
 ES_HD A canonical_tree_sum(int64_t n, Load load) {
   A stack[kMaxTreeDepth];
-  int64_t sizes[kMaxTreeDepth];
   int depth = 0;
   for (int64_t i = 0; i < n; ++i) {
     A v = load(i);
-    int64_t size = 1;
-    while (depth > 0 && sizes[depth - 1] == size) {
-      v = add_rn(stack[depth - 1], v);
-      size *= 2;
-      --depth;
-    }
-    stack[depth] = v;
-    sizes[depth] = size;
-    ++depth;
+    // Item i completes one block per trailing zero bit of i + 1.
+    for (int64_t count = i + 1; (count & 1) == 0; count >>= 1) v = add_rn(stack[--depth], v);
+    stack[depth++] = v;
   }
   if (depth == 0) return A(0);
   A acc = stack[--depth];
   while (depth > 0) acc = add_rn(stack[--depth], acc);
   return acc;
+}
+
+ES_HD constexpr int largest_power_of_two_below(int n) {
+  int p = 1;
+  while (2 * p < n) p *= 2;
+  return p;
+}
+
+// The same tree over N items fixed at compile time, as the recursion itself:
+// every index is a constant, so a GPU keeps the partial sums in registers
+// (canonical_tree_sum's stack is indexed at run time: local memory).
+template <typename A, int N, typename Load>
+ES_HD A fixed_tree_sum(Load load, int64_t first) {
+  if constexpr (N == 1) {
+    return load(first);
+  } else {
+    constexpr int left = largest_power_of_two_below(N);
+    return add_rn(fixed_tree_sum<A, left>(load, first), fixed_tree_sum<A, N - left>(load, first + left));
+  }
+}
+
+// The same tree again, its leaves taken kLeafBlock at a time through
+// fixed_tree_sum: aligned power-of-two blocks are subtrees and the tail
+// block is the canonical tree of its own items, so only the blocks go
+// through the run-time stack (none when n <= kLeafBlock).
+constexpr int kLeafBlock = 8;
+
+template <typename A, typename Load>
+ES_HD A canonical_tree_sum_blocked(int64_t n, Load load) {
+  auto block = [&](int64_t b) -> A {
+    const int64_t first = b * kLeafBlock;
+    switch (n - first < kLeafBlock ? n - first : kLeafBlock) {
+      case 1: return fixed_tree_sum<A, 1>(load, first);
+      case 2: return fixed_tree_sum<A, 2>(load, first);
+      case 3: return fixed_tree_sum<A, 3>(load, first);
+      case 4: return fixed_tree_sum<A, 4>(load, first);
+      case 5: return fixed_tree_sum<A, 5>(load, first);
+      case 6: return fixed_tree_sum<A, 6>(load, first);
+      case 7: return fixed_tree_sum<A, 7>(load, first);
+      default: return fixed_tree_sum<A, kLeafBlock>(load, first);
+    }
+  };
+  if (n <= kLeafBlock) return n > 0 ? block(0) : A(0);
+  return canonical_tree_sum<A>((n + kLeafBlock - 1) / kLeafBlock, block);
 }
 
 // Streaming fold of one leaf into a partial sum: acc = acc + x * scale, or

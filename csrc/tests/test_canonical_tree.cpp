@@ -102,9 +102,10 @@ TEST(fold_rejects_bad_pushes) {
 }
 
 TEST(scalar_tree_matches_planner) {
-  // canonical_tree_sum's binary counter evaluates the same tree: check on
-  // values where the association is visible in the rounding.
-  for (int64_t n = 1; n <= 40; ++n) {
+  // canonical_tree_sum's binary counter and the blocked form the GPU runs
+  // evaluate the same tree: check on values where the association is
+  // visible in the rounding.
+  for (int64_t n = 1; n <= 80; ++n) {
     std::vector<float> v(n);
     for (int64_t i = 0; i < n; ++i) v[i] = (i % 3 == 0 ? 1e8f : 1.0f) * (i % 2 ? -1.0f : 1.0f) + 0.37f * i;
     std::function<float(int64_t, int64_t)> rec = [&](int64_t lo, int64_t hi) -> float {
@@ -113,8 +114,9 @@ TEST(scalar_tree_matches_planner) {
       return rec(lo, mid) + rec(mid, hi);
     };
     float expect = rec(0, n);
-    float got = canonical_tree_sum<float>(n, [&](int64_t i) { return v[i]; });
-    CHECK(bit_cast<uint32_t>(expect) == bit_cast<uint32_t>(got));
+    auto leaf = [&](int64_t i) { return v[i]; };
+    CHECK(bit_cast<uint32_t>(expect) == bit_cast<uint32_t>(canonical_tree_sum<float>(n, leaf)));
+    CHECK(bit_cast<uint32_t>(expect) == bit_cast<uint32_t>(canonical_tree_sum_blocked<float>(n, leaf)));
   }
 }
 

@@ -76,28 +76,79 @@ __device__ int64_t tensor_of_block(const ListView& v, int64_t block) {
   return lo;
 }
 
+// Each thread takes kIlp elements a block-width apart (coalesced) and
+// evaluates the tree on all of them at once, one vector per tree node as on
+// the CPU, so the loads of every lane and leaf of a block are in flight
+// together. Past the end a lane reads the tensor's last element and stores
+// nothing.
+constexpr int kIlp = 4;
+constexpr int64_t kBlockElems = kThreads * kIlp;  // one pass per thread: blocks fill the device
+
+struct Elements {
+  int64_t first, last;
+  __device__ int64_t at(int lane) const { return min(first + lane * kThreads, last); }
+  __device__ bool owns(int lane) const { return first + lane * kThreads <= last; }
+};
+
+__device__ Elements elements_of(const ListView& v, int64_t t) {
+  return {(blockIdx.x - v.first_block[t]) * kBlockElems + threadIdx.x, v.numel[t] - 1};
+}
+
+template <typename A>
+struct Lanes {
+  A lane[kIlp];
+  Lanes() = default;
+  __device__ explicit Lanes(A fill) {
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) lane[u] = fill;
+  }
+};
+
+// Found by the tree templates through argument-dependent lookup; the using
+// keeps the scalar overloads visible beside it in this namespace.
+using es::add_rn;
+template <typename A>
+__device__ Lanes<A> add_rn(const Lanes<A>& a, const Lanes<A>& b) {
+  Lanes<A> sum;
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) sum.lane[u] = add_rn(a.lane[u], b.lane[u]);
+  return sum;
+}
+
 template <typename T, typename O>
 __global__ void canonical_sum_kernel(ListView v) {
   using A = typename Acc<T>::type;
   const int64_t t = tensor_of_block(v, blockIdx.x);
-  const int64_t begin = (blockIdx.x - v.first_block[t]) * kChunk;
-  const int64_t end = min(v.numel[t], begin + kChunk);
+  const Elements e = elements_of(v, t);
   const T* const* srcs = reinterpret_cast<const T* const*>(v.inputs + t * v.k);
+  const Lanes<A> sum = canonical_tree_sum_blocked<Lanes<A>>(v.k, [&](int64_t j) {
+    Lanes<A> leaf;
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) leaf.lane[u] = to_acc(srcs[j][e.at(u)]);
+    return leaf;
+  });
   O* dst = static_cast<O*>(v.outputs[t]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-    dst[i] = from_acc<O>(canonical_tree_sum<A>(v.k, [&](int64_t j) { return to_acc(srcs[j][i]); }));
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u)
+    if (e.owns(u)) dst[e.at(u)] = from_acc<O>(sum.lane[u]);
 }
 
 template <typename T>
 __global__ void fold_kernel(ListView v, typename Acc<T>::type scale, bool accumulate) {
   using A = typename Acc<T>::type;
   const int64_t t = tensor_of_block(v, blockIdx.x);
-  const int64_t begin = (blockIdx.x - v.first_block[t]) * kChunk;
-  const int64_t end = min(v.numel[t], begin + kChunk);
+  const Elements e = elements_of(v, t);
   const T* src = static_cast<const T*>(v.inputs[t]);
   A* acc = static_cast<A*>(v.outputs[t]);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-    acc[i] = fold_leaf<A>(acc[i], to_acc(src[i]), scale, accumulate);
+  A partial[kIlp], leaf[kIlp];
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u) {
+    partial[u] = acc[e.at(u)];
+    leaf[u] = to_acc(src[e.at(u)]);
+  }
+#pragma unroll
+  for (int u = 0; u < kIlp; ++u)
+    if (e.owns(u)) acc[e.at(u)] = fold_leaf<A>(partial[u], leaf[u], scale, accumulate);
 }
 
 // One block per kNormTile tile. The tile is zero-padded to full size: its
@@ -112,12 +163,12 @@ __global__ void tile_square_sums_kernel(ListView v, typename Acc<T>::type* tile_
   const int64_t n = v.numel[t];
   const T* x = static_cast<const T*>(v.inputs[t]);
   const int64_t my_begin = tile_begin + threadIdx.x * kTileItemsPerThread;
-  partial[threadIdx.x] = canonical_tree_sum<A>(kTileItemsPerThread, [&](int64_t j) {
+  partial[threadIdx.x] = fixed_tree_sum<A, kTileItemsPerThread>([&](int64_t j) {
     int64_t i = my_begin + j;
     if (i >= n) return A(0);
     A e = to_acc(x[i]);
     return mul_rn(e, e);
-  });
+  }, 0);
   __syncthreads();
   for (int width = kThreads; width > 1; width /= 2) {
     A pair = A(0);
@@ -150,7 +201,7 @@ void canonical_sum_cuda(DType in, DType out, const TensorList& list, const CudaL
   check_list(list, "canonical_sum");
   if (list.size() == 0) return;
   int64_t blocks = 0;
-  ListView view = upload_list(list, kChunk, launch, &blocks);
+  ListView view = upload_list(list, kBlockElems, launch, &blocks);
   if (blocks == 0) return;
   dispatch_dtype(in, [&](auto in_tag) {
     using T = decltype(in_tag);
@@ -169,7 +220,7 @@ void fold_cuda(DType in, const TensorList& list, double scale, bool accumulate, 
   if (list.k != 1) throw std::invalid_argument("fold: takes one input per tensor");
   if (list.size() == 0) return;
   int64_t blocks = 0;
-  ListView view = upload_list(list, kChunk, launch, &blocks);
+  ListView view = upload_list(list, kBlockElems, launch, &blocks);
   if (blocks == 0) return;
   dispatch_dtype(in, [&](auto in_tag) {
     using T = decltype(in_tag);
