@@ -253,7 +253,7 @@ void ContextStore::save(int64_t worker, const std::string& name, const std::stri
   std::vector<device::CopyJob> jobs;
   for (size_t i = 0; i < buffers.size(); ++i)
     jobs.push_back({e.region.base + e.offsets[i], buffers[i].data, buffers[i].bytes});
-  device::copy_async(jobs, device, side);
+  device::copy_async(jobs, where == Location::Device, device, side);
   device::record(e.saved_event, side);
   if (std::find(pending_saves_.begin(), pending_saves_.end(), std::make_pair(device, e.saved_event)) ==
       pending_saves_.end())
@@ -276,7 +276,7 @@ void ContextStore::restore(int64_t worker, const std::string& name, const std::s
   std::vector<device::CopyJob> jobs;
   for (size_t i = 0; i < buffers.size(); ++i)
     jobs.push_back({buffers[i].data, e.region.base + e.offsets[i], buffers[i].bytes});
-  device::copy_async(jobs, device, stream);
+  device::copy_async(jobs, e.region.where == Location::Device, device, stream);
 }
 
 void ContextStore::order_after_saves(int device, void* stream) {

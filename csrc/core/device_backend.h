@@ -25,9 +25,9 @@ struct CopyJob {
   const void* src;
   int64_t bytes;
 };
-// Enqueues all copies on `stream`: large ones on the copy engines, the small
-// rest in one batched kernel launch.
-void copy_async(const std::vector<CopyJob>& jobs, int device, void* stream);
+// Enqueues all copies on `stream` in batched kernel launches, except large
+// copies between host and device, which go to the copy engines.
+void copy_async(const std::vector<CopyJob>& jobs, bool device_to_device, int device, void* stream);
 
 // Blocking copy between host and device memory (serialisation only).
 void copy_sync(void* dst, const void* src, int64_t bytes, int device);

@@ -16,7 +16,7 @@ bool built() { return false; }
 bool available() { return false; }
 void* alloc(Location, int64_t, int) { no_cuda(); }
 void release(Location, void*, int) { no_cuda(); }
-void copy_async(const std::vector<CopyJob>&, int, void*) { no_cuda(); }
+void copy_async(const std::vector<CopyJob>&, bool, int, void*) { no_cuda(); }
 void copy_sync(void*, const void*, int64_t, int) { no_cuda(); }
 void* side_stream(int) { no_cuda(); }
 void* new_event(int) { no_cuda(); }

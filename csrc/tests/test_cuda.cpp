@@ -61,9 +61,10 @@ DType acc_of(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 }  // namespace
 
 TEST(canonical_sum_and_fold_match_cpu) {
+  // k: one leaf block, a full one, and tails after one and two blocks.
+  for (int64_t k : {1, 5, 8, 13, 17})
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
     const std::vector<int64_t> sizes{1, 1000, 70000};
-    const int64_t k = 5;
     std::vector<std::vector<char>> host;
     std::vector<std::unique_ptr<DeviceBuffer>> dev;
     TensorList cpu, gpu;
@@ -139,6 +140,32 @@ TEST(store_pinned_and_device_roundtrip) {
     std::vector<uint8_t> bytes = store.serialize(0);
     ContextStore other(256 << 20, 1);
     CHECK(other.deserialize(bytes.data(), static_cast<int64_t>(bytes.size())) == 0);
+  }
+}
+
+TEST(device_store_copies_many_odd_buffers) {
+  // More buffers than one kernel launch takes, sizes around the per-block
+  // slice, and views that start off the 16-byte grid (the byte-wise path).
+  ContextStore store(256 << 20, 1);
+  std::vector<std::unique_ptr<DeviceBuffer>> owners;
+  std::vector<std::vector<char>> expect;
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < 230; ++i) {
+    const int64_t bytes = i % 5 == 0 ? (1 << 20) + 3 * i : i % 5 == 1 ? 16 * 1024 * (i % 3 + 1) - i % 2 : 37 * i + 1;
+    const int64_t skew = i % 7 == 0 ? 4 : 0;
+    std::vector<char> host(bytes + skew);
+    for (size_t b = 0; b < host.size(); ++b) host[b] = static_cast<char>(b * 131 + i);
+    owners.push_back(std::make_unique<DeviceBuffer>(host.data(), static_cast<int64_t>(host.size())));
+    expect.emplace_back(host.begin() + skew, host.end());
+    buffers.push_back({static_cast<char*>(owners.back()->ptr) + skew, bytes, 0});
+  }
+  store.save(0, "x", "s", buffers, Location::Device, nullptr);
+  for (auto& o : owners) cudaMemsetAsync(o->ptr, 0, o->bytes, nullptr);
+  store.restore(0, "x", "s", buffers, nullptr);
+  cudaDeviceSynchronize();
+  for (size_t i = 0; i < owners.size(); ++i) {
+    std::vector<char> back = owners[i]->to_host();
+    CHECK(memcmp(back.data() + (back.size() - expect[i].size()), expect[i].data(), expect[i].size()) == 0);
   }
 }
 

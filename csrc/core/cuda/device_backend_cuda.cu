@@ -29,34 +29,44 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
-// Copies at or above this size go to the copy engines (cudaMemcpyAsync);
-// smaller ones share one kernel launch.
+// Between host and device, copies at or above this size go to the copy
+// engines (cudaMemcpyAsync); the smaller ones share kernel launches over the
+// mapped memory. Between two device buffers every copy goes through the
+// kernel: one launch per kBatch copies runs at bandwidth, where a
+// cudaMemcpyAsync per tensor pays a launch each and runs one at a time.
 constexpr int64_t kEngineCopyBytes = 1 << 20;
-constexpr int kBatch = 96;  // keeps the kernel argument under 4 KiB
+constexpr int kBatch = 96;                  // keeps the kernel argument under 4 KiB
+constexpr int kCopyThreads = 256;
+constexpr int64_t kBlockBytes = 16 * 1024;  // per block: 4 uint4 per thread
 
 struct CopyBatch {
   int count;
   void* dst[kBatch];
   const void* src[kBatch];
   int64_t bytes[kBatch];
+  int64_t first_block[kBatch + 1];  // copy j owns blocks [first_block[j], first_block[j + 1])
 };
 
-// Block b copies job b % count, grid-striding over its bytes, 16 bytes at a
-// time where both ends are aligned.
+// Block b copies its slice of the copy that owns it, 16 bytes at a time
+// where both ends are aligned.
 __global__ void batched_copy_kernel(CopyBatch batch) {
-  const int job = blockIdx.x % batch.count;
-  const int64_t lane = (blockIdx.x / batch.count) * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t stride = (gridDim.x / batch.count) * int64_t(blockDim.x);
-  char* dst = static_cast<char*>(batch.dst[job]);
-  const char* src = static_cast<const char*>(batch.src[job]);
-  const int64_t n = batch.bytes[job];
+  int lo = 0, hi = batch.count;  // first_block[lo] <= blockIdx.x < first_block[hi]
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (batch.first_block[mid] <= blockIdx.x) lo = mid;
+    else hi = mid;
+  }
+  const int64_t begin = (blockIdx.x - batch.first_block[lo]) * kBlockBytes;
+  const int64_t end = min(batch.bytes[lo], begin + kBlockBytes);
+  char* dst = static_cast<char*>(batch.dst[lo]);
+  const char* src = static_cast<const char*>(batch.src[lo]);
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    const int64_t vectors = n / 16;
-    for (int64_t i = lane; i < vectors; i += stride)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    for (int64_t i = vectors * 16 + lane; i < n; i += stride) dst[i] = src[i];
+    const int64_t vectors_end = begin + (end - begin) / 16 * 16;
+    for (int64_t i = begin + 16 * threadIdx.x; i < vectors_end; i += 16 * kCopyThreads)
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+    for (int64_t i = vectors_end + threadIdx.x; i < end; i += kCopyThreads) dst[i] = src[i];
   } else {
-    for (int64_t i = lane; i < n; i += stride) dst[i] = src[i];
+    for (int64_t i = begin + threadIdx.x; i < end; i += kCopyThreads) dst[i] = src[i];
   }
 }
 
@@ -88,26 +98,28 @@ void release(Location where, void* ptr, int device) {
   else cudaFree(ptr);
 }
 
-void copy_async(const std::vector<CopyJob>& jobs, int device, void* stream) {
+void copy_async(const std::vector<CopyJob>& jobs, bool device_to_device, int device, void* stream) {
   DeviceGuard guard(device);
   auto s = static_cast<cudaStream_t>(stream);
   CopyBatch batch{};
   auto flush = [&] {
     if (batch.count == 0) return;
-    batched_copy_kernel<<<batch.count * 8, 256, 0, s>>>(batch);
+    batched_copy_kernel<<<batch.first_block[batch.count], kCopyThreads, 0, s>>>(batch);
     check(cudaGetLastError(), "batched copy launch");
     batch.count = 0;
   };
   for (const CopyJob& job : jobs) {
     if (job.bytes == 0) continue;
-    if (job.bytes >= kEngineCopyBytes) {
+    if (!device_to_device && job.bytes >= kEngineCopyBytes) {
       check(cudaMemcpyAsync(job.dst, job.src, job.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
       continue;
     }
-    batch.dst[batch.count] = job.dst;
-    batch.src[batch.count] = job.src;
-    batch.bytes[batch.count] = job.bytes;
-    if (++batch.count == kBatch) flush();
+    const int j = batch.count++;
+    batch.dst[j] = job.dst;
+    batch.src[j] = job.src;
+    batch.bytes[j] = job.bytes;
+    batch.first_block[j + 1] = batch.first_block[j] + (job.bytes + kBlockBytes - 1) / kBlockBytes;
+    if (batch.count == kBatch) flush();
   }
   flush();
 }
