@@ -61,8 +61,9 @@ DType acc_of(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 }  // namespace
 
 TEST(canonical_sum_and_fold_match_cpu) {
-  // k: one leaf block, a full one, and tails after one and two blocks.
-  for (int64_t k : {1, 5, 8, 13, 17})
+  // k: one leaf block, a full one, tails after one and two blocks, and a
+  // deeper run-time stack of blocks.
+  for (int64_t k : {1, 5, 8, 13, 17, 65})
   for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16}) {
     const std::vector<int64_t> sizes{1, 1000, 70000};
     std::vector<std::vector<char>> host;
@@ -84,6 +85,12 @@ TEST(canonical_sum_and_fold_match_cpu) {
       gpu.outputs.push_back(gpu_out.back()->ptr);
       cpu.numels.push_back(sizes[s]);
       gpu.numels.push_back(sizes[s]);
+    }
+    canonical_sum_cpu(t, t, cpu, 2);  // stored in the input dtype (rounded once for 16-bit types)
+    canonical_sum_cuda(t, t, gpu, kLaunch);
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      const size_t bytes = sizes[s] * dtype_size(t);
+      CHECK(memcmp(gpu_out[s]->to_host().data(), cpu_out[s].data(), bytes) == 0);
     }
     canonical_sum_cpu(t, acc_of(t), cpu, 2);
     canonical_sum_cuda(t, acc_of(t), gpu, kLaunch);
@@ -130,10 +137,11 @@ TEST(store_pinned_and_device_roundtrip) {
     DeviceBuffer big(a.data(), a.size() * 4), tiny(small.data(), small.size() * 4);
     std::vector<Buffer> buffers{{big.ptr, big.bytes, 0}, {tiny.ptr, tiny.bytes, 0}};
     store.save(0, "x", "s", buffers, where, nullptr);
-    cudaMemsetAsync(big.ptr, 0, big.bytes, nullptr);  // ordered after the save by the default stream
+    store.order_after_saves(0, nullptr);  // the save copies on the store's side stream
+    cudaMemsetAsync(big.ptr, 0, big.bytes, nullptr);
     cudaMemsetAsync(tiny.ptr, 0, tiny.bytes, nullptr);
     store.restore(0, "x", "s", buffers, nullptr);
-    cudaDeviceSynchronize();
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<char> back = big.to_host(), back_small = tiny.to_host();
     CHECK(memcmp(back.data(), a.data(), big.bytes) == 0);
     CHECK(memcmp(back_small.data(), small.data(), tiny.bytes) == 0);
@@ -145,28 +153,33 @@ TEST(store_pinned_and_device_roundtrip) {
 
 TEST(device_store_copies_many_odd_buffers) {
   // More buffers than one kernel launch takes, sizes around the per-block
-  // slice, and views that start off the 16-byte grid (the byte-wise path).
+  // slice, an empty one, and views at every offset class from the store's
+  // aligned slots (the 16/8/4/2/1-byte word paths), between guard bytes.
+  constexpr int64_t kGuard = 16;
+  constexpr int64_t kSkews[] = {0, 1, 2, 4, 8, 3};
+  constexpr char kWiped = static_cast<char>(0xEE);
   ContextStore store(256 << 20, 1);
   std::vector<std::unique_ptr<DeviceBuffer>> owners;
   std::vector<std::vector<char>> expect;
   std::vector<Buffer> buffers;
   for (int i = 0; i < 230; ++i) {
-    const int64_t bytes = i % 5 == 0 ? (1 << 20) + 3 * i : i % 5 == 1 ? 16 * 1024 * (i % 3 + 1) - i % 2 : 37 * i + 1;
-    const int64_t skew = i % 7 == 0 ? 4 : 0;
-    std::vector<char> host(bytes + skew);
-    for (size_t b = 0; b < host.size(); ++b) host[b] = static_cast<char>(b * 131 + i);
+    const int64_t bytes = i % 5 == 0   ? (1 << 20) + 3 * i
+                          : i % 5 == 1 ? 16 * 1024 * (i % 3 + 1) - i % 2
+                          : i == 7     ? 0
+                                       : 37 * i + 1;
+    const int64_t skew = kSkews[i % 6];
+    std::vector<char> host(kGuard + skew + bytes + kGuard, kWiped);
+    for (int64_t b = 0; b < bytes; ++b) host[kGuard + skew + b] = static_cast<char>(b * 131 + i);
     owners.push_back(std::make_unique<DeviceBuffer>(host.data(), static_cast<int64_t>(host.size())));
-    expect.emplace_back(host.begin() + skew, host.end());
-    buffers.push_back({static_cast<char*>(owners.back()->ptr) + skew, bytes, 0});
+    expect.push_back(host);
+    buffers.push_back({static_cast<char*>(owners.back()->ptr) + kGuard + skew, bytes, 0});
   }
   store.save(0, "x", "s", buffers, Location::Device, nullptr);
-  for (auto& o : owners) cudaMemsetAsync(o->ptr, 0, o->bytes, nullptr);
+  store.order_after_saves(0, nullptr);
+  for (auto& o : owners) cudaMemsetAsync(o->ptr, kWiped, o->bytes, nullptr);
   store.restore(0, "x", "s", buffers, nullptr);
-  cudaDeviceSynchronize();
-  for (size_t i = 0; i < owners.size(); ++i) {
-    std::vector<char> back = owners[i]->to_host();
-    CHECK(memcmp(back.data() + (back.size() - expect[i].size()), expect[i].data(), expect[i].size()) == 0);
-  }
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  for (size_t i = 0; i < owners.size(); ++i) CHECK(owners[i]->to_host() == expect[i]);
 }
 
 int main() {

@@ -1,6 +1,7 @@
 // CUDA runtime services for the context store (see device_backend.h).
 #include <cuda_runtime.h>
 
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -47,8 +48,24 @@ struct CopyBatch {
   int64_t first_block[kBatch + 1];  // copy j owns blocks [first_block[j], first_block[j + 1])
 };
 
-// Block b copies its slice of the copy that owns it, 16 bytes at a time
-// where both ends are aligned.
+// Copies bytes [begin, end) of src to dst with this block: single bytes up
+// to the first Word-aligned address, Words, then the bytes left. Word must
+// divide the distance between the two pointers.
+template <typename Word>
+__device__ void copy_slice(char* __restrict__ dst, const char* __restrict__ src, int64_t begin, int64_t end) {
+  constexpr int64_t W = sizeof(Word);
+  const int64_t misaligned = reinterpret_cast<uintptr_t>(dst + begin) & (W - 1);
+  const int64_t words_begin = min(end, begin + (W - misaligned) % W);
+  const int64_t words_end = words_begin + (end - words_begin) / W * W;
+  for (int64_t i = begin + threadIdx.x; i < words_begin; i += kCopyThreads) dst[i] = src[i];
+#pragma unroll 4
+  for (int64_t i = words_begin + W * threadIdx.x; i < words_end; i += W * kCopyThreads)
+    *reinterpret_cast<Word*>(dst + i) = *reinterpret_cast<const Word*>(src + i);
+  for (int64_t i = words_end + threadIdx.x; i < end; i += kCopyThreads) dst[i] = src[i];
+}
+
+// Block b copies its slice of the copy that owns it, in the widest words the
+// two pointers' offset allows.
 __global__ void batched_copy_kernel(CopyBatch batch) {
   int lo = 0, hi = batch.count;  // first_block[lo] <= blockIdx.x < first_block[hi]
   while (hi - lo > 1) {
@@ -60,14 +77,12 @@ __global__ void batched_copy_kernel(CopyBatch batch) {
   const int64_t end = min(batch.bytes[lo], begin + kBlockBytes);
   char* dst = static_cast<char*>(batch.dst[lo]);
   const char* src = static_cast<const char*>(batch.src[lo]);
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    const int64_t vectors_end = begin + (end - begin) / 16 * 16;
-    for (int64_t i = begin + 16 * threadIdx.x; i < vectors_end; i += 16 * kCopyThreads)
-      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
-    for (int64_t i = vectors_end + threadIdx.x; i < end; i += kCopyThreads) dst[i] = src[i];
-  } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kCopyThreads) dst[i] = src[i];
-  }
+  const uintptr_t offset = reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src);
+  if ((offset & 15) == 0) copy_slice<uint4>(dst, src, begin, end);
+  else if ((offset & 7) == 0) copy_slice<uint2>(dst, src, begin, end);
+  else if ((offset & 3) == 0) copy_slice<uint32_t>(dst, src, begin, end);
+  else if ((offset & 1) == 0) copy_slice<uint16_t>(dst, src, begin, end);
+  else copy_slice<char>(dst, src, begin, end);
 }
 
 std::mutex streams_mutex;
@@ -104,6 +119,8 @@ void copy_async(const std::vector<CopyJob>& jobs, bool device_to_device, int dev
   CopyBatch batch{};
   auto flush = [&] {
     if (batch.count == 0) return;
+    if (batch.first_block[batch.count] > std::numeric_limits<int>::max())
+      throw std::invalid_argument("context copy: a buffer of over 32 TiB");
     batched_copy_kernel<<<batch.first_block[batch.count], kCopyThreads, 0, s>>>(batch);
     check(cudaGetLastError(), "batched copy launch");
     batch.count = 0;
