@@ -109,7 +109,9 @@ class EasyScaleDDP(nn.Module):
                 self._save(v, "rng", rng.capture(self._cuda))
                 if not broadcast_buffers and self._module_buffers():
                     self._save(v, "buffers", self._module_buffers())
-        self._accumulating = set()  # local workers with gradients saved under no_sync()
+        # Local workers with gradients kept under no_sync(): in their contexts, or in p.grad for a process's
+        # only worker (as a DDP rank keeps them; its exported context carries them too).
+        self._accumulating = set()
         self._in_step = False
         self._implicit = False  # a plain DDP loop's step, finished by the autograd callback
         self._sync = True
@@ -121,7 +123,6 @@ class EasyScaleDDP(nn.Module):
         # exchange can complete anywhere (ElasticMember replicates them there to survive a dead process).
         self.on_step_contexts: Optional[Callable[[Dict[int, bytes]], None]] = None
         self.synced_steps = 0  # steps whose reduced gradients this process has handed to the caller
-        self.unsynced_steps = 0  # steps run under no_sync() since the last synced one
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -257,6 +258,18 @@ class EasyScaleDDP(nn.Module):
     def _save(self, worker: int, name: str, tensors: List[torch.Tensor]) -> None:
         self.store.save(worker, name, tensors, self._location if any(t.is_cuda for t in tensors) else "host")
 
+    def _keep_grads(self, v: int) -> None:
+        """p.grad into worker v's context ("grads"), with which parameters have one."""
+        grads = [p.grad.detach().contiguous() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        present = torch.tensor([p.grad is not None for p in self.params], device=self.device)
+        self._save(v, "grads", [present] + grads)
+
+    def _take_kept_grads(self, v: int) -> None:
+        present, *grads = self.store.load(v, "grads")
+        for p, g, has in zip(self.params, grads, present.tolist()):
+            p.grad = g if has else None
+        self.store.erase(v, "grads")
+
     # -- the step ---------------------------------------------------------------
     def _begin_step(self) -> None:
         if self._in_step and not self._implicit:
@@ -281,10 +294,7 @@ class EasyScaleDDP(nn.Module):
             for p in self.params:
                 p.grad = None
             if v in self._accumulating:  # its gradients from steps run under no_sync()
-                present, *grads = self.store.load(v, "grads")
-                for p, g, has in zip(self.params, grads, present.tolist()):
-                    p.grad = g if has else None
-                self.store.erase(v, "grads")
+                self._take_kept_grads(v)
                 self._accumulating.discard(v)
         if self._sync and v == self.local_ranks[-1]:  # exchange buckets during its backward
             self.reducer.overlap_next_backward(self._folded, self._param_names, self.process_group)
@@ -299,10 +309,10 @@ class EasyScaleDDP(nn.Module):
                 self._save(v, "buffers", buffers)
         if self._sync:
             self.reducer.fold_worker(self._folded, self._param_names)
-        elif many:  # under no_sync(): keep this worker's gradients until a synced step
-            grads = [p.grad.detach().contiguous() if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            present = torch.tensor([p.grad is not None for p in self.params], device=self.device)
-            self._save(v, "grads", [present] + grads)
+            self._accumulating.discard(v)
+        else:  # under no_sync(): keep this worker's gradients until a synced step
+            if many:
+                self._keep_grads(v)
             self._accumulating.add(v)
         self._folded += 1
         self._current = None
@@ -324,9 +334,6 @@ class EasyScaleDDP(nn.Module):
         self._in_step = False
         if self._sync:
             self.synced_steps += 1
-            self.unsynced_steps = 0
-        else:
-            self.unsynced_steps += 1
 
     def abandon_step(self) -> None:
         """Drop the step in progress after a failed collective: gradients, the reducer's exchange state and
@@ -372,7 +379,13 @@ class EasyScaleDDP(nn.Module):
         self._save(self._resident, "rng", rng.capture(self._cuda))
         if self._module_buffers() and (not self.broadcast_buffers or self._resident == 0):
             self._save(self._resident, "buffers", self._module_buffers())
-        return {v: self.store.serialize(v) for v in self.local_ranks}
+        alone = len(self.local_ranks) == 1
+        if alone and self._resident in self._accumulating:
+            self._keep_grads(self._resident)
+        contexts = {v: self.store.serialize(v) for v in self.local_ranks}
+        if alone and self._resident in self._accumulating:
+            self.store.erase(self._resident, "grads")  # p.grad stays where they live
+        return contexts
 
     def import_contexts(self, contexts: Dict[int, bytes]) -> None:
         """Adopt contexts for this process's virtual workers; the next switch restores them."""
@@ -383,6 +396,10 @@ class EasyScaleDDP(nn.Module):
             if self.store.deserialize(contexts[v]) != v:
                 raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
         self._accumulating = {v for v in self.local_ranks if self.store.contains(v, "grads")}
+        for p in self.params:  # gradients kept from before belong to the old placement
+            p.grad = None
+        if len(self.local_ranks) == 1 and self._accumulating:
+            self._take_kept_grads(self.local_ranks[0])
         if self.broadcast_buffers and self.local_ranks[0] == 0 and self.store.contains(0, "buffers"):
             self.store.restore(0, "buffers", self._module_buffers())  # the buffers every process continues from
         self._become(self.local_ranks[0])

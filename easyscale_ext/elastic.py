@@ -52,7 +52,9 @@ from .balance import Balancer, ranges_of
 from .checkpoint import Position
 from .ddp import even_ranges
 
-_CONTEXT_SLOTS = 3  # replicated steps kept: a process is at most one step ahead of any survivor
+# Replications each process keeps per virtual worker, written in turn: recovery needs a worker's newest
+# or the one before (a process is at most one replication ahead of any survivor).
+_CONTEXT_SLOTS = 3
 
 STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
@@ -140,6 +142,8 @@ class ElasticMember:
         beat_store = connect(address, timeout_s)
         threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True, name="easyscale-heartbeat").start()
         self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
+        self._replicated: Optional[Position] = None  # where the store's newest copy of this process's contexts is
+        self._replications = 0
         self.backend = backend
         self.timeout = timedelta(seconds=timeout_s)
         self.joining = os.environ.get(JOIN_ENV) == "1"
@@ -250,6 +254,7 @@ class ElasticMember:
         self._boundary = (position, ddp.synced_steps)
         ddp.on_step_contexts = self._replicate
         self._replicate(ddp.export_contexts(), position.step)  # what a loss during the first step goes back to
+        self._replicated = position
         return position
 
     def join(self, ddp, optimizer, scheduler) -> Position:
@@ -310,6 +315,8 @@ class ElasticMember:
         If every process asked to leave (SIGTERM), the job stops here: it saves
         `position` through `checkpointer` (a Checkpointer) first, if given.
         """
+        if ddp.synced_steps > self._boundary[1]:  # the synced step since the last boundary replicated this state
+            self._replicated = position
         self._boundary = (position, ddp.synced_steps)
         ddp.on_step_contexts = self._replicate
         proposal = self._rebalance(ddp, position.step)
@@ -431,15 +438,16 @@ class ElasticMember:
         context_of = context_of or (lambda v: self.store.get(f"gen/{generation}/ctx/{v}"))
         contexts = {v: context_of(v) for v in range(lo, hi)}
         ddp.reconfigure(dist.group.WORLD, contexts, virtual_ranks=(lo, hi))
-        if exported:  # what a loss in the next step goes back to (a job coming from one process has none)
-            self._replicate(contexts, step)
-        else:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
+        # What a loss in the next steps goes back to, in this process's own slots: its next replication must
+        # not overwrite the state it continues from (a job coming from one process has none).
+        self._replicate(contexts, step)
+        if not exported:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
             ddp.broadcast_buffers_from_rank0()
         dist.barrier()
         if exported and self.rank == 0:  # everyone has adopted: the store need not keep the contexts
             for v in range(ddp.world_size):
                 self.store.delete_key(f"gen/{generation}/ctx/{v}")
-        position = Position(step, epoch, step_in_epoch)
+        position = self._replicated = Position(step, epoch, step_in_epoch)
         if self.hooks:
             if old is None:  # a joiner learns the previous members from the store
                 old = json.loads(self.store.get(f"gen/{generation - 1}/members"))
@@ -455,13 +463,28 @@ class ElasticMember:
 
     # -- surviving a lost process ----------------------------------------------------------
     def _replicate(self, contexts, step: Optional[int] = None) -> None:
-        """ddp.on_step_contexts: this step's contexts into the store, tagged with the step they end. A job on
-        one process has no survivor to recover: it replicates from its first scale event on (_adopt)."""
+        """ddp.on_step_contexts: this step's contexts into the store, tagged with the step they end and the
+        order they were written in (generation, then this process's count: a worker has one owner in a
+        generation). Slots go in turn, not by step: steps under no_sync() replicate nothing. A job on one
+        process has no survivor to recover: it replicates from its first scale event on (_adopt)."""
         if len(self.members) == 1 and step is None:
             return
         step = self._boundary[0].step + 1 if step is None else step
-        self.store.multi_set([f"live/{step % _CONTEXT_SLOTS}/ctx/{v}" for v in contexts],
-                             [f"{step}\n".encode() + ctx for ctx in contexts.values()])
+        slot, tag = self._replications % _CONTEXT_SLOTS, f"{step} {self.generation} {self._replications}\n".encode()
+        self._replications += 1
+        self.store.multi_set([f"live/{slot}/ctx/{v}" for v in contexts], [tag + ctx for ctx in contexts.values()])
+
+    def _live_context(self, v: int, step: int) -> Tuple[Optional[bytes], List[int]]:
+        """Virtual worker v's newest replicated context for `step` (None if the store holds none), and the
+        steps the store holds for it."""
+        found = []
+        for slot in range(_CONTEXT_SLOTS):
+            key = f"live/{slot}/ctx/{v}"
+            if self.store.check([key]):
+                tag, ctx = self.store.get(key).split(b"\n", 1)
+                found.append((tuple(int(x) for x in tag.split()), ctx))
+        held = [(order, ctx) for (s, *order), ctx in found if s == step]
+        return (max(held)[1] if held else None), sorted(s for (s, *_), _ in found)
 
     def recover(self, error: BaseException, ddp, optimizer, scheduler, loader) -> Position:
         """Call with the error of a failed collective (raised in a step or at a step boundary), on every
@@ -475,9 +498,6 @@ class ElasticMember:
             raise RuntimeError("a collective failed before this process's first step boundary, and "
                                "member.start(ddp, optimizer, scheduler, position) was not called before training: "
                                "nothing is replicated yet; restart the job from its last checkpoint") from error
-        if ddp.unsynced_steps:
-            raise RuntimeError("a collective failed during gradient accumulation (no_sync): contexts are "
-                               "replicated at synced steps only; restart the job from its last checkpoint") from error
         start = time.perf_counter()
         ddp.abandon_step()
         # Closing this process's connections fails the collectives other survivors may still wait in: the
@@ -487,6 +507,8 @@ class ElasticMember:
         position, synced_then = self._boundary
         if ddp.synced_steps > synced_then:  # this step's gradients were handed over: the optimizer has stepped
             position = Position(position.step + 1, loader.epoch, loader.next_step)
+        else:  # the last replicated state: steps since under no_sync() (their kept gradients) are redone
+            position = self._replicated
         old, generation = self.members, self.generation
         self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(astuple(position)))
         decision = self._decide_survivors(generation, ddp.world_size, error)
@@ -503,10 +525,9 @@ class ElasticMember:
         print(f"easyscale: {self.id}: lost {', '.join(decision['lost']) or 'no process'}; continuing on "
               f"{len(members)} processes from step {step}", file=sys.stderr, flush=True)
         self._enter(new)
-        slot = step % _CONTEXT_SLOTS
         position = self._adopt(ddp, optimizer, scheduler, joined=False, start=start, old=old,
                                src=members.index(decision["source"]),
-                               context_of=lambda v: self.store.get(f"live/{slot}/ctx/{v}").split(b"\n", 1)[1])
+                               context_of=lambda v: self._live_context(v, step)[0])
         self._boundary = (position, ddp.synced_steps)
         loader.reassign(ddp.local_ranks)
         loader.set_epoch(position.epoch, position.step_in_epoch)
@@ -537,13 +558,12 @@ class ElasticMember:
             return {"error": "every process holding the job's state was lost: restart it from its last checkpoint"}
         step = max(h[0] for h in holds.values())
         source = next(m for m in held if holds[m][0] == step)  # it holds the model and optimizer state
-        slot = step % _CONTEXT_SLOTS
         for v in range(world_size):
-            key = f"live/{slot}/ctx/{v}"
-            tag = self.store.get(key).split(b"\n", 1)[0].decode() if self.store.check([key]) else "none"
-            if tag != str(step):
-                return {"error": f"virtual worker {v}'s context for step {step} is not in the job store (found "
-                                 f"step {tag}): the job cannot continue in place; restart it from its last checkpoint"}
+            context, steps = self._live_context(v, step)
+            if context is None:
+                return {"error": f"virtual worker {v}'s context for step {step} is not in the job store (it holds "
+                                 f"steps {steps or 'none'}): the job cannot continue in place; restart it from its "
+                                 "last checkpoint"}
         latest = generation
         while self.store.check([f"gen/{latest + 1}/members"]):  # a scale event may have published one
             latest += 1

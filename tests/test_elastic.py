@@ -42,6 +42,16 @@ def test_in_place_scaling_schedule_matches_fixed_placement(n, tmp_path):
     assert sorted(lines) == sorted(fixed_log.read_text().splitlines())
 
 
+@pytest.mark.parametrize("schedule", ["1:4", "3:2"])  # scale-out, then in, between no_sync() steps
+def test_scaling_during_gradient_accumulation_carries_the_kept_gradients(schedule):
+    # A process's only worker keeps its gradients in p.grad as a DDP rank does; its exported context must carry
+    # them, and a process that takes a worker alone must put them back there (each was lost before).
+    procs = {"1:4": 1, "3:2": 3}[schedule]
+    expected = reference(n=4, accumulate=2)
+    assert run_elastic(procs, schedule, n=4, accumulate=2) == expected
+    assert expected != reference(n=4)
+
+
 def test_joiners_take_the_lr_scheduler_state():
     # Joiners built as the README shows (member.join(ddp, optimizer, scheduler)) continue the
     # members' StepLR count: the 1 -> 3 run ends equal to the fixed one.

@@ -71,6 +71,21 @@ def test_kill9_of_a_member_continues_in_place_bitwise(procs, schedule, kill, at,
     assert (at, 2 if schedule else procs, 1 if schedule else procs - 1) in _events(events)
 
 
+@pytest.mark.parametrize("procs,accumulate,kill,at", [
+    (2, 3, "w1:6:mid", 3),        # in the synced step 6: back to step 3 (w0 wrote step 6), steps 4-6 redone
+    (3, 2, "w0:3:boundary", 2),   # rank 0 at an unsynced boundary
+])
+def test_kill9_during_gradient_accumulation_redoes_it_from_the_last_synced_step(procs, accumulate, kill, at,
+                                                                                 tmp_path):
+    # The kept gradients of the steps since the last synced one are in no replicated context: those steps are
+    # redone. With accumulate=3, slots chosen by step % 3 would have put w0's step 6 over its step 3.
+    events = tmp_path / "events"
+    expected = reference(n=4, accumulate=accumulate)
+    assert run_elastic(procs, "", n=4, accumulate=accumulate, kill9_at=kill, log_events=events) == expected
+    assert (at, procs, procs - 1) in _events(events)
+    assert expected != reference(n=4)  # accumulation changes the result: the test can fail
+
+
 def test_a_member_that_stops_with_its_connections_open_is_cut_off_by_its_heartbeat(tmp_path):
     # A lost machine: no collective fails before the group's 300 s timeout (the launcher's 120 s ends the
     # test first); the others' heartbeat threads see its beat stop (liveness_s 5) and cut the group.
