@@ -52,6 +52,14 @@ def test_scaling_during_gradient_accumulation_carries_the_kept_gradients(schedul
     assert expected != reference(n=4)
 
 
+@pytest.mark.parametrize("first,then", [(4, 2), (2, 4)])
+def test_checkpoint_between_no_sync_steps_resumes_bitwise(first, then, tmp_path):
+    # The same kept gradients through a checkpoint at step 3 (accumulate=2: unsynced), restarted on other counts.
+    run_job("easyscale", procs=first, n=4, accumulate=2, ckpt_dir=tmp_path, ckpt_every=1, stop_after=3)
+    assert run_job("easyscale", procs=then, n=4, accumulate=2, ckpt_dir=tmp_path, resume=1) == \
+        reference(n=4, accumulate=2)
+
+
 def test_joiners_take_the_lr_scheduler_state():
     # Joiners built as the README shows (member.join(ddp, optimizer, scheduler)) continue the
     # members' StepLR count: the 1 -> 3 run ends equal to the fixed one.
