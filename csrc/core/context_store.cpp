@@ -29,17 +29,28 @@ std::string key_text(int64_t worker, const std::string& name) {
   return "(worker " + std::to_string(worker) + ", '" + name + "')";
 }
 
-void parallel_memcpy(void* dst, const void* src, int64_t bytes, int num_threads) {
-  if (bytes < kParallelCopyBytes || num_threads <= 1) {
-    if (bytes > 0) memcpy(dst, src, bytes);
+// Host copies in one parallel region: thread t takes the t-th equal share of
+// the jobs' bytes laid end to end, so buffers of every size are split across
+// the threads and no region is forked per buffer.
+void parallel_copy(const std::vector<device::CopyJob>& jobs, int num_threads) {
+  int64_t total = 0;
+  for (const device::CopyJob& job : jobs) total += job.bytes;
+  if (total < kParallelCopyBytes || num_threads <= 1) {
+    for (const device::CopyJob& job : jobs)
+      if (job.bytes > 0) memcpy(job.dst, job.src, job.bytes);
     return;
   }
-  const int64_t piece = round_up((bytes + num_threads - 1) / num_threads, kAlign);
+  const int64_t share = round_up((total + num_threads - 1) / num_threads, kAlign);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int i = 0; i < num_threads; ++i) {
-    int64_t begin = i * piece;
-    int64_t end = std::min(bytes, begin + piece);
-    if (begin < end) memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+  for (int t = 0; t < num_threads; ++t) {
+    const int64_t begin = t * share, end = std::min(total, begin + share);
+    int64_t at = 0;  // where the job's first byte lies in the concatenation
+    for (const device::CopyJob& job : jobs) {
+      const int64_t lo = std::max(begin, at), hi = std::min(end, at + job.bytes);
+      if (lo < hi) memcpy(static_cast<char*>(job.dst) + (lo - at), static_cast<const char*>(job.src) + (lo - at), hi - lo);
+      at += job.bytes;
+      if (at >= end) break;
+    }
   }
 }
 
@@ -242,17 +253,16 @@ void ContextStore::save(int64_t worker, const std::string& name, const std::stri
   }
   Entry& e = it->second;
   check_layout(e, worker, name, signature, buffers);
+  std::vector<device::CopyJob> jobs;
+  for (size_t i = 0; i < buffers.size(); ++i)
+    jobs.push_back({e.region.base + e.offsets[i], buffers[i].data, buffers[i].bytes});
   if (device < 0) {
-    for (size_t i = 0; i < buffers.size(); ++i)
-      parallel_memcpy(e.region.base + e.offsets[i], buffers[i].data, buffers[i].bytes, num_threads_);
+    parallel_copy(jobs, num_threads_);
     return;
   }
   void* side = device::side_stream(device);
   device::record(e.saved_event, stream);  // the tensors are final once `stream` gets here
   device::stream_wait(side, e.saved_event);
-  std::vector<device::CopyJob> jobs;
-  for (size_t i = 0; i < buffers.size(); ++i)
-    jobs.push_back({e.region.base + e.offsets[i], buffers[i].data, buffers[i].bytes});
   device::copy_async(jobs, where == Location::Device, device, side);
   device::record(e.saved_event, side);
   if (std::find(pending_saves_.begin(), pending_saves_.end(), std::make_pair(device, e.saved_event)) ==
@@ -266,16 +276,15 @@ void ContextStore::restore(int64_t worker, const std::string& name, const std::s
   Entry& e = find(worker, name);
   check_layout(e, worker, name, signature, buffers);
   const int device = e.region.device;
+  std::vector<device::CopyJob> jobs;
+  for (size_t i = 0; i < buffers.size(); ++i)
+    jobs.push_back({buffers[i].data, e.region.base + e.offsets[i], buffers[i].bytes});
   if (device < 0) {
-    for (size_t i = 0; i < buffers.size(); ++i)
-      parallel_memcpy(buffers[i].data, e.region.base + e.offsets[i], buffers[i].bytes, num_threads_);
+    parallel_copy(jobs, num_threads_);
     return;
   }
   for (auto& p : pending_saves_)
     if (p.first == device) device::stream_wait(stream, p.second);
-  std::vector<device::CopyJob> jobs;
-  for (size_t i = 0; i < buffers.size(); ++i)
-    jobs.push_back({buffers[i].data, e.region.base + e.offsets[i], buffers[i].bytes});
   device::copy_async(jobs, e.region.where == Location::Device, device, stream);
 }
 
