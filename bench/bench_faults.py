@@ -13,10 +13,13 @@ inside the scale event / checkpoint write's step and takes effect at the next bo
 Reported: trials bitwise equal; time from SIGTERM to the process's exit (its device free, p50 /
 max); time from a kill -9 to training again (the survivors' new generation, p50 / max); steps
 redone (the step in progress at the death minus the step the survivors continued from).
+`--accumulate K`: gradient accumulation (no_sync() on all but every K-th step), against the fixed run with
+it; a death then goes back to the last synced step and the accumulation is redone.
 `--kinds SIGSTOP`: a lost machine instead (a member or rank 0 stops mid-step with its connections open:
 no collective fails before the group's timeout; the others' heartbeat threads cut the group).
 
     .venv/bin/python bench/bench_faults.py [--trials 20] [--seed 0] [--liveness 2] [--kinds SIGTERM,kill -9]
+                                           [--accumulate 1]
     .venv/bin/python bench/bench_faults.py --cost 40   # replication's cost per step (demo model, 2 processes)
 """
 import argparse
@@ -34,7 +37,7 @@ from jobs import run_elastic, run_job  # noqa: E402
 STEPS = 6  # 3 steps per epoch, 2 epochs
 
 
-def trial(rng: random.Random, liveness: float, tmp: str, kinds):
+def trial(rng: random.Random, liveness: float, tmp: str, kinds, accumulate: int):
     kind, who, where = rng.choice(kinds), rng.choice(["member", "rank 0", "joiner"]), \
         rng.choice(["mid-step", "scale event", "checkpoint write"])
     if kind == "SIGSTOP":
@@ -57,7 +60,7 @@ def trial(rng: random.Random, liveness: float, tmp: str, kinds):
     started = time.perf_counter()
     try:
         digest = run_elastic(3, schedule, n=4, liveness=liveness, ckpt_dir=os.path.join(tmp, "ckpt"),
-                             log_faults=faults, **options)
+                             log_faults=faults, accumulate=accumulate, **options)
         error = None
     except Exception as e:  # recorded as a failed trial
         digest, error = None, str(e).splitlines()[0]
@@ -145,17 +148,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--liveness", type=float, default=2.0, help="ElasticMember's liveness_s")
     ap.add_argument("--kinds", default="SIGTERM,kill -9", help="signals drawn from: SIGTERM, kill -9, SIGSTOP")
+    ap.add_argument("--accumulate", type=int, default=1, help="reduce every this many steps (no_sync between)")
     ap.add_argument("--cost", type=int, default=0, metavar="STEPS",
                     help="instead: the replication's cost per step on the demo's model, over STEPS steps each way")
     args = ap.parse_args()
     if args.cost:
         return replication_cost(args.cost)
-    reference = run_job("reference", n=4)
+    reference = run_job("reference", n=4, accumulate=args.accumulate)
     rng = random.Random(args.seed)
     results = []
     for i in range(args.trials):
         with tempfile.TemporaryDirectory() as tmp:
-            r = trial(rng, args.liveness, tmp, args.kinds.split(","))
+            r = trial(rng, args.liveness, tmp, args.kinds.split(","), args.accumulate)
         r["bitwise"] = r["digest"] == reference
         results.append(r)
         extra = " ".join(f"{k}={r[k]:.2f}" if isinstance(r[k], float) else f"{k}={r[k]}"
