@@ -97,6 +97,7 @@ class EasyScaleDDP(nn.Module):
         self._buffer_list = list(module.buffers())  # fixed at construction, like DDP's
         self.device = next(module.parameters()).device
         self._cuda = self.device.type == "cuda"
+        self._rng_device = self.device if self._cuda else None  # whose CUDA generator a worker's context holds
         determinism.apply(self.determinism_level, num_threads, self._cuda, self.isa)
         if distributed and init_sync:
             self.broadcast_state(src=0)
@@ -106,7 +107,7 @@ class EasyScaleDDP(nn.Module):
         self._resident = self.local_ranks[0]
         if len(self.local_ranks) > 1:
             for v in self.local_ranks[1:]:
-                self._save(v, "rng", rng.capture(self._cuda))
+                self._save(v, "rng", rng.capture(self._rng_device))
                 if not broadcast_buffers and self._module_buffers():
                     self._save(v, "buffers", self._module_buffers())
         # Local workers with gradients kept under no_sync(): in their contexts, or in p.grad for a process's
@@ -250,7 +251,7 @@ class EasyScaleDDP(nn.Module):
         Between steps the process is its first virtual worker, as a DDP rank is its own: what
         state_dict(), evaluation, checkpoints and randomness drawn outside the step see.
         """
-        rng.restore(self.store.load(v, "rng"), self._cuda)
+        rng.restore(self.store.load(v, "rng"), self._rng_device)
         if self._module_buffers() and not self.broadcast_buffers:
             self.store.restore(v, "buffers", self._module_buffers())
         self._resident = v
@@ -263,6 +264,9 @@ class EasyScaleDDP(nn.Module):
         grads = [p.grad.detach().contiguous() if p.grad is not None else torch.zeros_like(p) for p in self.params]
         present = torch.tensor([p.grad is not None for p in self.params], device=self.device)
         self._save(v, "grads", [present] + grads)
+        # A CUDA save copies on the store's side stream: freed now, these tensors' memory must not be reused
+        # by the current stream's next kernels before the copy has read it.
+        self.store.order_after_saves(grads)
 
     def _take_kept_grads(self, v: int) -> None:
         present, *grads = self.store.load(v, "grads")
@@ -303,7 +307,7 @@ class EasyScaleDDP(nn.Module):
     def _switch_out(self, v: int) -> None:
         many = len(self.local_ranks) > 1
         if many:
-            self._save(v, "rng", rng.capture(self._cuda))
+            self._save(v, "rng", rng.capture(self._rng_device))
             buffers = self._module_buffers()
             if buffers and (not self.broadcast_buffers or v == 0):
                 self._save(v, "buffers", buffers)
@@ -376,7 +380,7 @@ class EasyScaleDDP(nn.Module):
 
     def _contexts(self) -> Dict[int, bytes]:
         # the resident worker's state lives in the process; virtual rank 0's buffers are the job's when broadcast
-        self._save(self._resident, "rng", rng.capture(self._cuda))
+        self._save(self._resident, "rng", rng.capture(self._rng_device))
         if self._module_buffers() and (not self.broadcast_buffers or self._resident == 0):
             self._save(self._resident, "buffers", self._module_buffers())
         alone = len(self.local_ranks) == 1
@@ -422,19 +426,31 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"this process runs virtual ranks {self.local_ranks}, got batches for {ranks}; "
                              "build the loader with ddp.data_loader(...)")
         self._begin_step()
-        compute = 0.0
+        spans = []
         for v, batch in batches:
             self._switch_in(v)
-            start = time.perf_counter()
+            start = self._clock()
             yield batch
-            if self._cuda:  # the worker's kernels, not their launches
-                torch.cuda.synchronize(self.device)
-            compute += time.perf_counter() - start
+            spans.append((start, self._clock()))
             self._switch_out(v)
+        self._finish_step()
         if self._warmed_up:
+            if self._cuda:
+                spans[-1][1].synchronize()
+                compute = sum(start.elapsed_time(end) for start, end in spans) / 1e3
+            else:
+                compute = sum(end - start for start, end in spans)
             self._worker_seconds.append(compute / len(batches))
         self._warmed_up = True
-        self._finish_step()
+
+    def _clock(self):
+        """Now, for a worker's compute time: on CUDA an event on the current stream (the worker's kernels, not
+        their launches; no wait for other streams, such as the exchange's), else the host clock."""
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def seconds_per_worker(self) -> Optional[float]:
         """Median forward + backward time of one local virtual worker over recent steps (None before
