@@ -173,7 +173,9 @@ class ElasticMember:
         before = _sockets()
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
                                 rank=self.members.index(self.id), world_size=len(self.members), timeout=self.timeout)
-        # gloo's connections to the other members (NCCL's are its own: it fails at its timeout, then recovers)
+        # gloo's connections to the other members. NCCL's are its own and nothing cuts them: a lost process
+        # ends its collective at the group's timeout, where NCCL's watchdog tears the process down (by default)
+        # rather than raising into recover(); restart the job from its checkpoint.
         sockets = {fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode} \
             if self.backend == "gloo" else {}
         self._watch = (generation, list(self.members), sockets)
