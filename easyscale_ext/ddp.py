@@ -397,7 +397,7 @@ class EasyScaleDDP(nn.Module):
             if v not in contexts:
                 raise ValueError(f"no context given for local virtual worker {v}")
             self.store.erase(v)
-            if self.store.deserialize(contexts[v]) != v:
+            if self.store.deserialize(contexts[v], self.device.index if self._cuda else -1) != v:
                 raise ValueError(f"the context given for virtual worker {v} belongs to another worker")
         self._accumulating = {v for v in self.local_ranks if self.store.contains(v, "grads")}
         for p in self.params:  # gradients kept from before belong to the old placement

@@ -330,6 +330,11 @@ std::string ContextStore::signature(int64_t worker, const std::string& name) con
   return find(worker, name).signature;
 }
 
+int ContextStore::device(int64_t worker, const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return find(worker, name).region.device;
+}
+
 ContextStore::EntryMap::iterator ContextStore::release(EntryMap::iterator it) {
   free_regions_.push_back(it->second.region);
   if (it->second.saved_event) device::destroy_event(it->second.saved_event);
@@ -379,7 +384,7 @@ std::vector<uint8_t> ContextStore::serialize(int64_t worker) {
   return std::move(w.out);
 }
 
-int64_t ContextStore::deserialize(const uint8_t* data, int64_t size) {
+int64_t ContextStore::deserialize(const uint8_t* data, int64_t size, int device) {
   if (size < static_cast<int64_t>(sizeof(kMagic)) + 8 || memcmp(data, kMagic, sizeof(kMagic)) != 0)
     throw std::invalid_argument("not a serialised easyscale context (bad magic or too short)");
   uint64_t stored;
@@ -403,6 +408,7 @@ int64_t ContextStore::deserialize(const uint8_t* data, int64_t size) {
     p.name = r.str();
     p.signature = r.str();
     p.device = static_cast<int>(r.i64());
+    if (p.device >= 0 && device >= 0) p.device = device;
     int64_t buffers = r.i64();
     if (buffers < 0 || buffers > size) Reader::corrupt();
     p.sizes.resize(buffers);
@@ -439,7 +445,8 @@ int64_t ContextStore::deserialize(const uint8_t* data, int64_t size) {
   for (const Parsed& p : parsed) {
     Entry& e = entries_.find({worker, p.name})->second;
     for (size_t i = 0; i < p.sizes.size(); ++i) {
-      if (e.region.where == Location::Device) device::copy_sync(e.region.base + e.offsets[i], p.data[i], p.sizes[i], p.device);
+      if (e.region.where == Location::Device)
+        device::copy_sync(e.region.base + e.offsets[i], p.data[i], p.sizes[i], e.region.device);
       else if (p.sizes[i]) memcpy(e.region.base + e.offsets[i], p.data[i], p.sizes[i]);
     }
   }

@@ -66,13 +66,17 @@ class ContextStore {
   std::vector<int64_t> workers() const;
   std::vector<std::string> names(int64_t worker) const;
   std::string signature(int64_t worker, const std::string& name) const;
+  int device(int64_t worker, const std::string& name) const;  // CUDA ordinal of the entry's tensors, -1: CPU
   void erase(int64_t worker);
   void erase(int64_t worker, const std::string& name);  // no-op when absent
 
   // A worker's whole context as bytes (checksummed), and back. Deserialised
   // entries live in host memory; an existing entry must have the same layout.
+  // CUDA entries are for `device` when it is >= 0 (the importing process's
+  // GPU: a worker moves between processes on different GPUs), else for the
+  // one they were saved from.
   std::vector<uint8_t> serialize(int64_t worker);
-  int64_t deserialize(const uint8_t* data, int64_t size);
+  int64_t deserialize(const uint8_t* data, int64_t size, int device = -1);
 
   int64_t capacity() const { return capacity_; }
   int64_t reserved_bytes() const;  // slab memory held

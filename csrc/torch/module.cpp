@@ -30,12 +30,13 @@ std::string signature_of(const std::vector<at::Tensor>& tensors) {
     const at::Tensor& t = tensors[i];
     out << (i ? ";" : "") << c10::toString(t.scalar_type()) << "[";
     for (int64_t d = 0; d < t.dim(); ++d) out << (d ? "," : "") << t.size(d);
-    out << "]@" << t.device().str();
+    out << "]@" << c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);  // not the ordinal: see load
   }
   return out.str();
 }
 
-std::vector<at::Tensor> empty_like_signature(const std::string& signature) {
+// Tensors of the signature's dtypes and shapes, CUDA ones on `device`.
+std::vector<at::Tensor> empty_like_signature(const std::string& signature, int device) {
   std::vector<at::Tensor> out;
   std::istringstream items(signature);
   std::string item;
@@ -57,7 +58,9 @@ std::vector<at::Tensor> empty_like_signature(const std::string& signature) {
         break;
       }
     TORCH_CHECK(found, "unknown dtype '", type, "' in context signature");
-    out.push_back(at::empty(shape, at::TensorOptions().dtype(scalar).device(at::Device(item.substr(at_ + 1)))));
+    at::Device where(item.substr(at_ + 1));
+    if (where.is_cuda()) where = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+    out.push_back(at::empty(shape, at::TensorOptions().dtype(scalar).device(where)));
   }
   return out;
 }
@@ -154,7 +157,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "Copy the entry back into tensors of the saved shape, dtype and device, in place.")
       .def("load",
            [](ContextStore& s, int64_t worker, const std::string& name) {
-             std::vector<at::Tensor> out = empty_like_signature(s.signature(worker, name));
+             std::vector<at::Tensor> out = empty_like_signature(s.signature(worker, name), s.device(worker, name));
              auto buffers = buffers_of(out);
              void* stream = current_stream(out);
              py::gil_scoped_release release;
@@ -195,12 +198,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            },
            py::arg("worker"), "A worker's whole context as checksummed bytes.")
       .def("deserialize",
-           [](ContextStore& s, const py::bytes& data) {
+           [](ContextStore& s, const py::bytes& data, int device) {
              std::string_view view = data;
              py::gil_scoped_release release;
-             return s.deserialize(reinterpret_cast<const uint8_t*>(view.data()), static_cast<int64_t>(view.size()));
+             return s.deserialize(reinterpret_cast<const uint8_t*>(view.data()), static_cast<int64_t>(view.size()),
+                                  device);
            },
-           py::arg("data"), "Load bytes from serialize(); returns the worker id.")
+           py::arg("data"), py::arg("device") = -1,
+           "Load bytes from serialize(); returns the worker id. CUDA state goes to GPU `device` if given "
+           "(the importing process's), else to the one it was saved from.")
       .def_property_readonly("capacity", &ContextStore::capacity)
       .def_property_readonly("reserved_bytes", &ContextStore::reserved_bytes)
       .def_property_readonly("slab_count", &ContextStore::slab_count);
