@@ -59,6 +59,7 @@ def two_cores():
 
 
 WORK = dict(n=12, steps=8, batch=128)  # workers long enough (ms) for time-sharing to show
+JOB_THRESHOLD = 0.15  # tests/train_job.py's Balancer: the predicted gain it acts on
 
 
 def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):
@@ -71,11 +72,13 @@ def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):
     assert digest == run_job("easyscale", procs=1, log_samples=fixed_samples, **WORK)
     lines = samples.read_text().splitlines()  # exactly-once data, across the rebalance if there was one
     assert len(lines) == len(set(lines)) and sorted(lines) == sorted(fixed_samples.read_text().splitlines())
-    if not events.exists():  # a failure only where the processes were measured at the speeds pinning gives
+    if not events.exists():  # a failure only where the measured speeds promised the job's Balancer its gain
         rows = [line.split() for line in times.read_text().splitlines()]
         last = {worker: float(seconds) for worker, step, _, _, seconds in rows if int(step) == WORK["steps"]}
-        if max(last.values()) < 1.5 * min(last.values()):
-            pytest.skip(f"this machine did not slow the processes sharing a core (seconds per worker: {last})")
+        speeds = [1 / last[f"w{rank}"] for rank in range(3)]
+        even = step_time([WORK["n"] // 3] * 3, speeds)
+        if step_time(optimal_split(WORK["n"], speeds), speeds) >= (1 - JOB_THRESHOLD) * even:
+            pytest.skip(f"this machine did not slow the processes sharing a core enough (seconds per worker: {last})")
         pytest.fail(f"no rebalance, though the processes' seconds per worker were {last}")
     sizes = list(map(int, events.read_text().splitlines()[0].split()))[3:]
     assert sizes[0] > 4 and sizes[1] + sizes[2] < 8, f"even 4,4,4 became {sizes}: not off the shared core"
