@@ -383,12 +383,13 @@ class EasyScaleDDP(nn.Module):
         self._save(self._resident, "rng", rng.capture(self._rng_device))
         if self._module_buffers() and (not self.broadcast_buffers or self._resident == 0):
             self._save(self._resident, "buffers", self._module_buffers())
-        alone = len(self.local_ranks) == 1
-        if alone and self._resident in self._accumulating:
+        # A process's only worker keeps its gradients in p.grad: into its context for the bytes only.
+        carry_grads = len(self.local_ranks) == 1 and self._resident in self._accumulating
+        if carry_grads:
             self._keep_grads(self._resident)
         contexts = {v: self.store.serialize(v) for v in self.local_ranks}
-        if alone and self._resident in self._accumulating:
-            self.store.erase(self._resident, "grads")  # p.grad stays where they live
+        if carry_grads:
+            self.store.erase(self._resident, "grads")
         return contexts
 
     def import_contexts(self, contexts: Dict[int, bytes]) -> None:

@@ -486,7 +486,8 @@ class ElasticMember:
                 tag, ctx = self.store.get(key).split(b"\n", 1)
                 found.append((tuple(int(x) for x in tag.split()), ctx))
         held = [(order, ctx) for (s, *order), ctx in found if s == step]
-        return (max(held)[1] if held else None), sorted(s for (s, *_), _ in found)
+        newest = max(held, key=lambda h: h[0])[1] if held else None
+        return newest, sorted(s for (s, *_), _ in found)
 
     def recover(self, error: BaseException, ddp, optimizer, scheduler, loader) -> Position:
         """Call with the error of a failed collective (raised in a step or at a step boundary), on every
