@@ -1,4 +1,4 @@
-"""Builds easyscale_ext._C with torch.utils.cpp_extension (ninja, incremental).
+"""Builds easyscale_ext._C with torch.utils.cpp_extension (ninja, incremental); pyproject.toml has the rest.
 
 EASYSCALE_CUDA=1 forces the CUDA kernels in (and fails if they cannot be built),
 EASYSCALE_CUDA=0 forces a CPU-only build; unset, CUDA is used when the installed
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -80,19 +80,8 @@ def main():
             super().finalize_options()
             self.build_temp = os.path.join(HERE, "build", "ext")
 
-    setup(
-        name="easyscale_ext",
-        version="0.1.0",
-        description="Elastic data-parallel training, bitwise identical on any number of workers",
-        packages=find_packages(include=["easyscale_ext", "easyscale_ext.*"]),
-        package_data={"easyscale_ext": ["py.typed", "*.pyi"]},
-        ext_modules=[extension()],
-        cmdclass={"build_ext": IncrementalBuildExt},
-        python_requires=">=3.10",
-        install_requires=["torch", "numpy"],
-        extras_require={"demo": ["scikit-learn", "matplotlib", "tqdm"], "sched": ["scipy", "matplotlib", "tqdm"]},
-        entry_points={"console_scripts": ["easyscale=easyscale_ext.cli:main"]},
-    )
+    # Metadata, dependencies and the entry point are in pyproject.toml; this file builds the extension only.
+    setup(ext_modules=[extension()], cmdclass={"build_ext": IncrementalBuildExt})
 
 
 if __name__ == "__main__":

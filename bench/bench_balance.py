@@ -36,7 +36,7 @@ def pin(pid: int, core: int) -> None:
 
 def run(n: int, steps: int, batch: int, balance: bool, cpus, swap: bool = False) -> dict:
     """One run; with `swap`, processes 0 and 1 trade cores once the first rebalance has happened."""
-    from easyscale_ext.launcher import ElasticLauncher
+    from easyscale_ext.elastic.launcher import ElasticLauncher
 
     with tempfile.TemporaryDirectory() as tmp:
         log, events = os.path.join(tmp, "times"), os.path.join(tmp, "events")

@@ -2,7 +2,7 @@
 
 pause = end of the last step before the event -> end of the first step after
 it, on a process that lives through the event. In-place (stop-free) scaling
-under easyscale_ext.launcher against checkpoint-and-restart through torchrun
+under easyscale_ext.elastic.launcher against checkpoint-and-restart through torchrun
 (stop at a step with a checkpoint, start again on the new process count and
 resume), scale-out 1 -> 2 and scale-in 2 -> 1, same model (tests/train_job.py's
 conv net, N = 4) on the same machine. Medians over --repeats runs.
@@ -35,7 +35,7 @@ def read_times(path):
 
 
 def in_place(tmp):
-    from easyscale_ext.launcher import ElasticLauncher
+    from easyscale_ext.elastic.launcher import ElasticLauncher
 
     log = os.path.join(tmp, "times")
     scale_in_at = 150

@@ -88,7 +88,7 @@ def _cost_worker(rank: int, address: str, steps: int, out) -> None:
     import torch.nn.functional as F
 
     import easyscale_ext as es
-    from easyscale_ext import demo
+    from easyscale_ext.cli import demo
     from easyscale_ext.elastic import ElasticMember
 
     torch.set_num_threads(1)

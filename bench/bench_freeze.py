@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import easyscale_ext as es
-from easyscale_ext.demo import BATCH, digits
-from easyscale_ext.freeze import GradientNormFreezer
+from easyscale_ext.cli.demo import BATCH, digits
+from easyscale_ext.runtime.freeze import GradientNormFreezer
 
 N = 4
 

@@ -17,12 +17,12 @@ import time
 
 import numpy as np
 
-from easyscale_ext.sched.application import Applications
-from easyscale_ext.sched.cli import POLICIES
-from easyscale_ext.sched.cluster import Cluster
-from easyscale_ext.sched.data import data_dir
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.models.workload import easyscale_workload, load_workload
+from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.simulator import SimConfig, simulate
-from easyscale_ext.sched.workload import easyscale_workload, load_workload
 
 ELASTIC = ["pollux", "sia", "easyscale-homo", "easyscale-heter", "ours"]
 FAMILIES = {  # cluster, simulator settings, policies

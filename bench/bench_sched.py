@@ -14,12 +14,12 @@ import time
 
 import numpy as np
 
-from easyscale_ext.sched.application import Applications
-from easyscale_ext.sched.cli import POLICIES
-from easyscale_ext.sched.cluster import Cluster
-from easyscale_ext.sched.data import data_dir
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.models.workload import load_workload
+from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.simulator import simulate
-from easyscale_ext.sched.workload import load_workload
 
 PUBLISHED = {  # average JCT (s), Pollux artifact (DATA.md)
     "workload-6": {"pollux": 2446, "optimus": 5302, "tiresias": 3470},

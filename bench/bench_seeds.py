@@ -15,12 +15,12 @@ import multiprocessing
 
 import numpy as np
 
-from easyscale_ext.sched.application import Applications
-from easyscale_ext.sched.cli import POLICIES
-from easyscale_ext.sched.cluster import Cluster
-from easyscale_ext.sched.data import data_dir
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.models.workload import easyscale_workload, load_workload
+from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.simulator import SimConfig, simulate
-from easyscale_ext.sched.workload import easyscale_workload, load_workload
 
 STOP_FREE_S = 0.07  # BENCHMARKS.md, "Scale-event pause": 0.06-0.07 s per in-place scale event
 RUNS = [("tiresias", 30.0), ("tiresias", STOP_FREE_S), ("edl", 30.0), ("edl", STOP_FREE_S),

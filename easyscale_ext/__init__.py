@@ -1,22 +1,71 @@
-"""easyscale_ext: elastic data-parallel training whose result does not depend on
-the hardware it ran on. See README.md and docs/ARCHITECTURE.md."""
-import torch  # noqa: F401  (loads libtorch before the extension)
+"""easyscale_ext: elastic data-parallel training whose result does not depend on the hardware it ran on.
 
-from . import _C
-from ._C import ContextStore, ContextStoreFullError, FoldStack, UnknownContextError, local_roots
-from .ops import canonical_sum, canonical_sum_lists, fold_, group_norms
-from .data import VirtualDataLoader
-from .ddp import EasyScaleDDP  # eagerly: it imports torch.distributed.nn before any process group exists
+Layers, each importing only those below it (docs/ARCHITECTURE.md):
+
+    cli       the `easyscale` command
+    cluster   jobs on a Ray cluster, driven by the scheduler's policies
+    elastic   job state, checkpoints, membership, scaling, recovery, launcher, balancing
+    runtime   EasyScaleDDP, the reducer, data loading, RNG contexts, determinism, freezing
+    ops, _C   the C++/CUDA kernels and the context store
+    sched     the cluster-scheduling models, policies and simulator: no torch, no runtime
+    placement which virtual ranks each process owns: no torch
+
+The public names below load on first use, so that `import easyscale_ext.sched` (the simulator, the CLI's
+help) never pays for torch. A training script has imported torch already: then the runtime loads with the
+package, which keeps torch.distributed.nn imported before any process group exists (ddp.py says why).
+"""
+import importlib
+import sys
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (the extension's names through the runtime, which loads libtorch
+# before the extension)
+_PUBLIC = {
+    "EasyScaleDDP": "runtime.ddp",
+    "VirtualDataLoader": "runtime.loader",
+    "SeededSamples": "runtime.loader",
+    "state_sha256": "runtime.digest",
+    "GradientNormFreezer": "runtime.freeze",
+    "Freezer": "runtime.freeze",
+    "ContextStore": "runtime",
+    "ContextStoreFullError": "runtime",
+    "FoldStack": "runtime",
+    "UnknownContextError": "runtime",
+    "local_roots": "runtime",
+    "canonical_sum": "ops",
+    "canonical_sum_lists": "ops",
+    "fold_": "ops",
+    "group_norms": "ops",
+    "ElasticMember": "elastic.member",
+    "Checkpointer": "elastic.checkpoint",
+    "CheckpointError": "elastic.checkpoint",
+    "Position": "elastic.state",
+    "Balancer": "elastic.balance",
+    "request_scale": "elastic.client",
+    "request_split": "elastic.client",
+    "request_release": "elastic.client",
+}
 
 
 def cuda_built() -> bool:
     """Whether the CUDA kernels are compiled into this build."""
-    return bool(_C.cuda_built())
+    return bool(importlib.import_module(f"{__name__}.runtime").cuda_built())
 
 
-__all__ = [
-    "EasyScaleDDP", "VirtualDataLoader", "ContextStore", "ContextStoreFullError", "FoldStack", "UnknownContextError", "local_roots",
-    "canonical_sum", "canonical_sum_lists", "fold_", "group_norms", "cuda_built", "__version__",
-]
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_PUBLIC))
+
+
+__all__ = sorted(_PUBLIC) + ["cuda_built", "__version__"]
+
+if "torch" in sys.modules:
+    from . import runtime  # noqa: F401,E402

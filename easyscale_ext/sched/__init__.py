@@ -1,6 +1,19 @@
-"""Trace-driven cluster-scheduling simulator: job model from measured traces, cluster, event loop, policies.
+"""The trace-driven cluster-scheduling simulator (docs/SCHEDULER.md).
 
-No dependency on the training runtime (numpy, SciPy, matplotlib, tqdm only). See docs/SCHEDULER.md.
+What it owns:
+    models/      jobs and the cluster as measured traces describe them: applications' step times and gradient
+                 noise, throughput and goodput models, workloads, the cluster, the jobs the simulator advances,
+                 and where the traces are found
+    policies/    one module per scheduling policy, their shared base, and the registry POLICIES
+    simulator    the event loop: arrivals, rounds, (re)allocation delays, completions, invariants
+    metrics      JCT, makespan, utilisation and finish-time fairness of a run
+    plots        Gantt chart, JCT CDF, GPUs over time, a summary per policy
+    data/        the measured traces and workloads it ships (data/README.md: what, from where, licenses)
+
+What it may import: numpy, SciPy, tqdm, the standard library, matplotlib (plots only, loaded when plotting),
+and easyscale_ext.placement (torch-free). Never torch, never easyscale_ext.runtime, .elastic or .cli: the
+simulator runs where torch is not installed and loads none of it (tests/sched/test_no_torch.py checks). Policies
+depend on models only; the command line (`easyscale simulate`) lives in easyscale_ext/cli/simulate.py.
 """
 import os
 

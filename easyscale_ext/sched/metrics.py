@@ -1,7 +1,7 @@
 """What a run achieved: JCT statistics, makespan, utilisation, reallocations, finish-time fairness."""
 import numpy as np
 
-from .job import isolated_runtime
+from .models.job import isolated_runtime
 
 
 def isolated_runtimes(specs, apps, cluster) -> dict:

@@ -7,12 +7,13 @@ Pollux artifact's simulator costs 30 s; a policy that scales in place pays `in_p
 between allocations.
 """
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .job import make_job
-from .workload import as_virtual_workers
+from .models.job import IN_PLACE_S, make_job
+from .models.workload import as_virtual_workers
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class SimConfig:
     round_s: float = 60.0
     restart_s: float = 30.0
     start_s: float = 30.0
-    in_place_s: float = 0.07  # an in-place scale event's pause (BENCHMARKS.md), for policies that scale in place
+    in_place_s: float = IN_PLACE_S  # an in-place scale event's pause, for policies that scale in place
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
 
@@ -45,16 +46,7 @@ class Result:
 def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) -> Result:
     """Run `specs` (sorted by arrival) to completion under `policy`. `progress` (e.g. a tqdm bar) is
     advanced by one per finished job."""
-    if policy.profiled and any(s.app is None for s in specs):
-        raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
-                         f"(duration only): use fifo, fifo-serial or tiresias")
-    if policy.one_gpu_type and not cluster.homogeneous:
-        raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
-    largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type
-    too_big = [s.name for s in specs if s.num_gpus > largest]
-    if too_big:
-        raise ValueError(f"{len(too_big)} jobs ask for more GPUs than the cluster {cluster.spec} has of one "
-                         f"type, e.g. {too_big[0]}")
+    validate(specs, policy, cluster)
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
@@ -118,6 +110,28 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                                  f"{idle} rounds and no job is left to arrive: they would never finish")
     return Result(policy.name, cluster.spec, asdict(config), sorted(records, key=lambda r: (r["arrival"], r["name"])),
                   {"time": times, "gpus": gpus_used, "active": num_active}, segments)
+
+
+def validate(specs, policy, cluster):
+    """A ValueError if `policy` cannot run `specs` on `cluster`, saying why; before anything is simulated."""
+    if policy.profiled and any(s.app is None for s in specs):
+        raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
+                         f"(duration only): use fifo, fifo-serial or tiresias")
+    if policy.one_gpu_type and not cluster.homogeneous:
+        raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
+    largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type
+    too_big = [s.name for s in specs if s.num_gpus > largest]
+    if too_big:
+        raise ValueError(f"{len(too_big)} jobs ask for more GPUs than the cluster {cluster.spec} has of one "
+                         f"type, e.g. {too_big[0]}")
+    lacking = sorted({s.preferred_gpu for s in specs if s.preferred_gpu} - set(cluster.types))
+    if lacking:
+        raise ValueError(f"jobs prefer GPU types the cluster {cluster.spec} lacks ({', '.join(lacking)}): "
+                         "give it some of each")
+    twice = sorted(name for name, count in Counter(s.name for s in specs).items() if count > 1)
+    if twice:
+        raise ValueError(f"job names repeat ({', '.join(twice[:3])}): each job needs its own "
+                         "(workload.unique_names numbers repeats)")
 
 
 def _check(now, allocations, active, cluster):

@@ -1,0 +1,228 @@
+"""`easyscale simulate`: run policies on a workload; print a table, write JSON and plots.
+
+  easyscale simulate --workload FILE [--policy NAME,NAME,...|all] [--cluster SPEC] [--map APP=PROFILED]
+                     [--seed S] [--out DIR]
+
+Several policies run one process each, two at a time. Also `easyscale workload`, which draws an EasyScale-format
+workload from the Philly trace. Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
+anything runs: a mistake is one line saying what to do (UsageError, exit status 2), and nothing is written.
+"""
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..sched.metrics import isolated_runtimes, summarize
+from ..sched.models import workload
+from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND_INS, Applications
+from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
+from ..sched.models.traces import data_dir
+from ..sched.policies import POLICIES
+from ..sched.simulator import SimConfig, simulate, validate
+from .main import UsageError
+
+COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("simulate", help="trace-driven cluster-scheduling simulation",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", required=True,
+                   help="a Pollux, Sia or EasyScale workload CSV, or the Philly trace: a path, or one inside the "
+                        "data folder (e.g. pollux/workloads/workload-6.csv, easyscale/workloads/test.csv)")
+    p.add_argument("--policy", default="all", metavar="NAME,...|all",
+                   help=f"the policies to run, comma-separated, of {', '.join(POLICIES)}; or all that can run the "
+                        "workload on the cluster (default). One process each, two at a time")
+    p.add_argument("--cluster", default=None, help=f"COUNTxGPUS[:TYPE],... with TYPE one of {', '.join(GPU_TYPES)} "
+                                                   f"(default {DEFAULT}; {EASYSCALE}, EasyScale's, for an "
+                                                   "EasyScale-format workload)")
+    p.add_argument("--map", action="append", default=[], metavar="APP=PROFILED,...",
+                   help="run APP's jobs as the profiled application PROFILED (repeatable); by default "
+                        + ", ".join(f"{a}={b}" for a, b in STAND_INS.items()))
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomised policies (Pollux's search)")
+    p.add_argument("--out", default=None, help="directory for the JSON results and the plots")
+    p.add_argument("--data", default=None, help="trace directory (default $EASYSCALE_SCHED_DATA, else the "
+                                                "package's copy)")
+    p.add_argument("--round", type=float, default=60.0, help="seconds between scheduling rounds")
+    p.add_argument("--restart", type=float, default=30.0, help="seconds without progress after a reallocation")
+    p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
+                                                             "(default: --restart)")
+    p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
+    w = subparsers.add_parser("workload", help="write an EasyScale-format workload drawn from the Philly trace",
+                              description=workload.easyscale_workload.__doc__.split("\n\n")[0])
+    w.add_argument("--out", required=True, help="the CSV file to write")
+    w.add_argument("--jobs", type=int, default=80, help="jobs to draw (default 80)")
+    w.add_argument("--hours", type=float, default=4.0, help="arrivals spread over this many hours (default 4)")
+    w.add_argument("--cluster", default=EASYSCALE, help=f"COUNTxGPUS:TYPE,... (default {EASYSCALE})")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--data", default=None, help="trace directory (as for simulate)")
+    w.set_defaults(run=make_workload)
+    return p
+
+
+def make_workload(args) -> int:
+    data, cluster = find_data(args.data), parse_cluster(args.cluster)
+    trace = workload.load_workload(data / "pollux" / "traces" / "philly.csv")
+    specs = workload.easyscale_workload(trace, Applications(data), cluster, args.jobs, args.hours, args.seed)
+    workload.write_easyscale_workload(specs, args.out)
+    print(f"wrote {len(specs)} jobs to {args.out}")
+    return 0
+
+
+def find_data(path):
+    try:
+        return data_dir(path)
+    except FileNotFoundError as e:
+        raise UsageError(str(e))
+
+
+def parse_cluster(spec) -> Cluster:
+    try:
+        cluster = Cluster.parse(spec)
+    except ValueError as e:
+        raise UsageError(f"--cluster: {e}")
+    unknown = sorted(set(cluster.types) - set(GPU_TYPES))
+    if unknown:
+        raise UsageError(f"--cluster {spec}: no step-time profile for GPU type {', '.join(unknown)}; use one of "
+                         f"{', '.join(GPU_TYPES)}")
+    return cluster
+
+
+def policy_names(text) -> list:
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in POLICIES and n != "all"]
+    if unknown or not names or "all" in names and len(names) > 1:
+        raise UsageError(f"--policy {text}: expected all, or comma-separated names of {', '.join(POLICIES)}"
+                         + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return names
+
+
+def stand_ins(maps) -> dict:
+    """STAND_INS with the --map APP=PROFILED,... options over it."""
+    mapping = dict(STAND_INS)
+    for item in (i for text in maps for i in text.split(",") if i.strip()):
+        app, equals, profiled = (x.strip() for x in item.partition("="))
+        if not (app and equals and profiled in EPOCHS):
+            raise UsageError(f"--map {item}: expected APP=PROFILED with PROFILED one of {', '.join(EPOCHS)}")
+        mapping[app] = profiled
+    return mapping
+
+
+def load(args, data, mapping) -> tuple:
+    """The workload's jobs (a path, else one inside the data folder) with `mapping`'s stand-ins and a name each,
+    the names it numbered, and the stand-ins used."""
+    for path in (Path(args.workload), data / args.workload):
+        try:
+            specs = workload.load_workload(path, args.limit)
+            break
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--workload: {e}")
+    else:
+        raise UsageError(f"no workload file {args.workload}: pass --workload with a path, or one inside the data "
+                         f"folder {data} (e.g. pollux/workloads/workload-6.csv)")
+    try:
+        specs, used = workload.with_stand_ins(specs, mapping)
+    except ValueError as e:
+        raise UsageError(f"{e}: run each as a profiled one with --map APP=PROFILED")
+    return (*workload.unique_names(specs), used)
+
+
+def run_one(name, specs, cluster, args, position=0):
+    """Simulate one policy; returns (result, summary, wall seconds)."""
+    apps = Applications(data_dir(args.data))
+    config = SimConfig(round_s=args.round, restart_s=args.restart,
+                       start_s=args.restart if args.start is None else args.start)
+    bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
+               disable=args.no_progress)
+    begin = time.perf_counter()
+    result = simulate(specs, POLICIES[name](args.seed), cluster, apps, config, progress=bar)
+    wall = time.perf_counter() - begin
+    bar.close()
+    return result, summarize(result, cluster.total_gpus, isolated_runtimes(specs, apps, cluster)), wall
+
+
+def _run_indexed(item):
+    index, name, specs, cluster, args = item
+    return run_one(name, specs, cluster, args, position=index)
+
+
+def main(args) -> int:
+    data, names, mapping = find_data(args.data), policy_names(args.policy), stand_ins(args.map)
+    if args.cluster:
+        parse_cluster(args.cluster)  # before reading the workload: a mistake here says nothing else
+    specs, renamed, used = load(args, data, mapping)
+    easyscale = specs[0].virtual_workers is not None
+    cluster = parse_cluster(args.cluster or (EASYSCALE if easyscale else DEFAULT))
+    runnable = choose(names, specs, cluster, args.seed)
+    describe(cluster, easyscale and not args.cluster, used, renamed)
+    items = [(i, n, specs, cluster, args) for i, n in enumerate(runnable)]
+    if len(items) > 1:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            runs = pool.map(_run_indexed, items, chunksize=1)
+    else:
+        runs = [_run_indexed(items[0])]
+    print_table(runnable, runs)
+    if args.out:
+        tag = "+".join(names)  # `all`, or the policies named
+        write_outputs(Path(args.out), Path(args.workload).stem, tag, cluster, args, used, runnable, runs)
+    return 0
+
+
+def choose(names, specs, cluster, seed) -> list:
+    """The policies `names` (or all that can run the workload on the cluster); a UsageError if one named cannot."""
+    chosen = list(POLICIES) if names == ["all"] else names
+    refused = {}
+    for name in chosen:
+        try:
+            validate(specs, POLICIES[name](seed), cluster)
+        except ValueError as e:
+            refused[name] = str(e)
+    if refused and (names != ["all"] or len(refused) == len(chosen)):
+        raise UsageError(next(iter(refused.values())))
+    return [n for n in chosen if n not in refused]
+
+
+def describe(cluster, easyscale_default, used, renamed):
+    """Say what the run is made of beyond what was asked: the cluster always, stand-ins and new names if any."""
+    room = cluster.room(cluster.gpus)
+    print(f"cluster {cluster.spec}: " + " + ".join(f"{n} {t}" for t, n in room.items())
+          + (" (EasyScale's, the default for its workloads)" if easyscale_default else "")
+          + "".join(f"; {t} steps are t4's scaled by EasyScale's measured {t}/t4 ratios" for t in room
+                    if t in DERIVED_FROM_T4))
+    if used:
+        print("applications without a profile run as: " + ", ".join(f"{a} -> {b}" for a, b in used.items())
+              + " (--map APP=PROFILED to change)")
+    if renamed:
+        print(f"repeated job names numbered: {', '.join(renamed)}")
+
+
+def print_table(names, runs):
+    print(f"{'policy':16s} " + " ".join(f"{c:>16s}" for c in COLUMNS) + f" {'wall s':>8s}")
+    for name, (_, summary, wall) in zip(names, runs):
+        cells = " ".join(f"{summary[c]:16.3f}" if c in summary else f"{'-':>16s}" for c in COLUMNS)
+        print(f"{name:16s} {cells} {wall:8.1f}")
+
+
+def write_outputs(out, stem, tag, cluster, args, used, names, runs):
+    """Per policy `<workload>-<policy>.json` and `-gantt.png`; comparing the run's policies (`tag`: all, or their
+    names joined by +), `<workload>-<tag>-jct-cdf.png`, `-gpus.png` and `-summary.png`."""
+    from ..sched import plots  # matplotlib only when plotting
+
+    out.mkdir(parents=True, exist_ok=True)
+    where = f"{stem} on {cluster.spec}"
+    for name, (result, summary, _) in zip(names, runs):
+        record = {"workload": str(args.workload), "seed": args.seed, "stand_ins": used, "summary": summary,
+                  **result.to_json()}
+        (out / f"{stem}-{name}.json").write_text(json.dumps(record, indent=1))
+        plots.gantt(result, where, out / f"{stem}-{name}-gantt.png")
+    results = [r for r, _, _ in runs]
+    plots.jct_cdf(results, where, out / f"{stem}-{tag}-jct-cdf.png")
+    plots.gpus_over_time(results, cluster.total_gpus, where, out / f"{stem}-{tag}-gpus.png")
+    plots.summary(names, [s for _, s, _ in runs], where, out / f"{stem}-{tag}-summary.png")
+    print(f"wrote {len(runs)} JSON results and plots to {out}/ ({stem}-<policy>.json, {stem}-{tag}-*.png)")

@@ -1,0 +1,106 @@
+"""The job store, as any client sees it: how a process of the job or a tool reaches it, and the requests
+a tool may send a running job (`easyscale scale`, a scheduler).
+
+Every request is checked against the job's state in the store before it is written: one that the job
+cannot take raises ValueError and sends nothing.
+"""
+import json
+from datetime import timedelta
+from typing import List, Sequence
+
+import torch.distributed as dist
+
+from ..placement import valid_split
+
+STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
+ID_ENV = "EASYSCALE_WORKER_ID"
+JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
+BALANCE_ENV = "EASYSCALE_BALANCE"   # "1": rebalance virtual workers by measured speed
+
+
+class StoreUnreachable(ConnectionError):
+    """No job store answers at the address."""
+
+
+def parse_address(address: str):
+    """(host, port) of 'HOST:PORT', or a ValueError saying what is expected."""
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected the job store's address as HOST:PORT (as `easyscale run` prints it), "
+                         f"got {address!r}")
+    return host, int(port)
+
+
+def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.TCPStore:
+    """A client of the job store at `address`. `connect_timeout_s` (default `timeout_s`) bounds the wait
+    for the store to answer; `timeout_s` bounds every later wait on a key."""
+    host, port = parse_address(address)
+    try:
+        store = dist.TCPStore(host, port, is_master=False,
+                              timeout=timedelta(seconds=connect_timeout_s or timeout_s))
+    except (RuntimeError, dist.DistError) as e:  # the C++ client's error text is a stack: say it in a line
+        raise StoreUnreachable(f"no job store answers at {address} (within {connect_timeout_s or timeout_s:g} s): "
+                               "is the job running? `easyscale run` prints its store's address") from e
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store
+
+
+def current_generation(store) -> int:
+    g = 0
+    while store.check([f"gen/{g + 1}/members"]):
+        g += 1
+    return g
+
+
+def current_members(store) -> List[str]:
+    """The members of the job's latest generation, in rank order."""
+    return json.loads(store.get(f"gen/{current_generation(store)}/members"))
+
+
+def virtual_world_size(store) -> int:
+    """The job's N, once its rank 0 has published the job's kind (its first step boundary)."""
+    if not store.check(["job_state"]):
+        raise ValueError("the job has not reached its first step boundary yet; ask again in a moment")
+    return json.loads(store.get("job_state"))["virtual_world_size"]
+
+
+def release(store, worker: str) -> None:
+    store.append("releases", worker + "\n")  # one atomic write: a death mid-request leaves no gap
+
+
+def request_scale(address: str, procs: int, connect_timeout_s: float = 5.0) -> None:
+    """Ask a running job to run on `procs` processes (scale-out needs joiners started by the launcher)."""
+    if procs < 1:
+        raise ValueError(f"procs must be >= 1, got {procs}")
+    store = connect(address, 30, connect_timeout_s)
+    if store.check(["job_state"]) and procs > virtual_world_size(store):  # before, the job itself caps it
+        raise ValueError(f"the job has {virtual_world_size(store)} virtual workers: it runs on at most that many "
+                         f"processes, not {procs}")
+    store.set("target", str(procs))
+
+
+def request_release(address: str, worker: str, connect_timeout_s: float = 5.0) -> None:
+    """Ask the job's process `worker` to leave at the next step boundary, in place: its virtual workers move to
+    the others (what SIGTERM to that process does)."""
+    store = connect(address, 30, connect_timeout_s)
+    members = current_members(store)
+    if worker not in members:
+        raise ValueError(f"the job has no process {worker!r}; its processes are {', '.join(members)}")
+    if len(members) == 1:
+        raise ValueError(f"{worker} is the job's last process: to stop the job, send it SIGTERM (it leaves "
+                         "at the next step boundary after saving a checkpoint, if it has a Checkpointer)")
+    release(store, worker)
+
+
+def request_split(address: str, sizes: Sequence[int], connect_timeout_s: float = 5.0) -> None:
+    """Ask a running job to give its processes, in rank order, these numbers of virtual workers (at the
+    next step boundary, in place; e.g. from a scheduler that knows the devices' speeds)."""
+    sizes = [int(k) for k in sizes]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"every process needs at least one virtual worker, got {sizes}")
+    store = connect(address, 30, connect_timeout_s)
+    members, n = current_members(store), virtual_world_size(store)
+    if not valid_split(sizes, n, len(members)):
+        raise ValueError(f"the job runs {len(members)} processes and {n} virtual workers: a split needs "
+                         f"{len(members)} sizes >= 1 summing to {n}, got {','.join(map(str, sizes))}")
+    store.set("split", json.dumps(sizes))

@@ -1,0 +1,100 @@
+"""Launches an elastic job on this machine (`easyscale run`): hosts the job
+store, starts the first processes, and starts joining processes whenever a
+scale request asks for more than are running. Processes leave by themselves
+(see member.py)."""
+import json
+import logging
+import os
+import subprocess
+import time
+from datetime import timedelta
+from typing import Dict, Optional, Sequence
+
+import torch.distributed as dist
+
+from .client import ID_ENV, JOIN_ENV, STORE_ENV, current_members
+
+logger = logging.getLogger(__name__)
+
+
+class ElasticLauncher:
+    def __init__(self, argv: Sequence[str], procs: int, host: str = "127.0.0.1", port: int = 0,
+                 env: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None,
+                 cpus: Optional[Sequence[int]] = None, env_per_process: Optional[Sequence[Dict[str, str]]] = None):
+        """`cpus`: the i-th process started (joiners included) runs on core cpus[i % len(cpus)]; listing
+        a core twice makes processes share it (heterogeneous speeds on one machine). `env_per_process`:
+        variables added for the i-th process likewise (e.g. an older machine's instruction-set caps)."""
+        if procs < 1:
+            raise ValueError(f"procs must be >= 1, got {procs}")
+        self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
+        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=300))
+        self.address = f"{host}:{self.store.port}"
+        self.cpus = list(cpus or [])
+        self.env_per_process = list(env_per_process or [{}])
+        self.children: Dict[str, subprocess.Popen] = {}
+        self.spawned = 0
+
+    def _spawn(self, joining: bool) -> str:
+        worker = f"w{self.spawned}"
+        self.spawned += 1
+        env = dict(self.env, **self.env_per_process[(self.spawned - 1) % len(self.env_per_process)])
+        env.update({STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
+        out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
+        child = self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        if self.cpus:  # pinned while the interpreter starts, before it starts any thread
+            os.sched_setaffinity(child.pid, {self.cpus[(self.spawned - 1) % len(self.cpus)]})
+        if out is not None:
+            out.close()  # the child holds its own descriptor
+        return worker
+
+    def run(self, timeout_s: float = 3600.0) -> int:
+        """Run until every process has exited; returns the first non-zero exit code, else 0."""
+        first = [f"w{i}" for i in range(self.procs)]
+        self.store.set("gen/0/members", json.dumps(first))
+        self.store.set("target", str(self.procs))
+        for _ in first:
+            self._spawn(joining=False)
+        deadline = time.monotonic() + timeout_s
+        killed, failed_joiners = set(), set()
+        while any(c.poll() is None for c in self.children.values()):
+            if time.monotonic() > deadline:
+                for c in self.children.values():
+                    c.kill()
+                    c.wait()
+                raise TimeoutError(f"elastic job still running after {timeout_s} s")
+            members = current_members(self.store)
+            waiting = [w for w, c in self.children.items()
+                       if w not in members and c.poll() is None and not self.store.check([f"admit/{w}"])]
+            if all(self.children[m].poll() is not None for m in members):
+                for w in waiting:  # the job is over: nobody will admit them
+                    self.children[w].kill()
+                    self.children[w].wait()
+                    killed.add(w)
+                break
+            for w, c in self.children.items():
+                if c.poll() is None and self.store.check([f"lost/{w}"]):
+                    c.kill()  # the job went on without it (it hung, or stopped): it must not come back
+                    c.wait()
+                if c.returncode in (None, 0) or self.store.check([f"lost/{w}"]):
+                    continue
+                if c.returncode < 0 or w in first or self.store.check([f"admit/{w}"]):
+                    # Killed, or a member that died: the others go on without it at once (member.py's
+                    # recover; a heartbeat would tell them after liveness_s), a joiner is replaced below.
+                    self.store.set(f"lost/{w}", "exited")
+                elif w not in failed_joiners:
+                    # Another joiner started the same way would fail the same way.
+                    failed_joiners.add(w)
+                    self.store.set("target", str(len(members)))
+                    log = f"; see {os.path.join(self.log_dir, w + '.log')}" if self.log_dir else ""
+                    logger.warning("joining process %s failed (exit code %d) before it was admitted; the job stays "
+                                   "on %d processes%s", w, c.returncode, len(members), log)
+            for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
+                self._spawn(joining=True)
+            time.sleep(0.05)
+        # A process killed by a signal that the job went on without (member.py's recover) does not fail the job;
+        # one that left may still be exiting.
+        codes = {w: c.wait() for w, c in self.children.items() if w not in killed}
+        return next((code for w, code in codes.items()
+                     if code != 0 and not (code < 0 and self.store.check([f"lost/{w}"]))), 0)
+

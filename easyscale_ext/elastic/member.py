@@ -1,0 +1,333 @@
+"""ElasticMember: this process's part in a stop-free elastic job (as in EDL), in place on every event.
+
+The public face of the elastic layer; its parts live beside it: membership.py (generations, rendezvous,
+heartbeats), scaling.py (rank 0's decisions at a step boundary), recovery.py (replication and the
+survivors' decision), signals.py (SIGTERM), state.py (what moves with the job), loop.py (`run`, the loop
+that does all of this around the user's step).
+
+- A joining process prepares first (model, optimizer and data built), then registers as ready and waits to
+  be admitted (`start`).
+- At every step boundary rank 0 looks at departures (SIGTERM, `request_release`), the target process count
+  (`request_scale`), ready joiners and the split (`request_split`, the Balancer), and broadcasts whether the
+  membership changes. On a change every member exports its virtual workers' contexts to the store, the old
+  group is destroyed, leavers return, and survivors and joiners form the next generation: rank 0 (a
+  survivor) broadcasts model, buffers and optimizer state, and every process adopts the contexts of the
+  virtual workers it now owns.
+- A process that dies is replaced in place (`recover`): the survivors continue from the newest step any of
+  them holds, adopting the lost process's workers from their replicated contexts. The result is bitwise the
+  fixed run's.
+"""
+import json
+import logging
+import os
+import time
+import traceback
+import uuid
+import warnings
+from dataclasses import astuple, dataclass, field
+from typing import Callable, List, Optional, Tuple, Union
+
+import torch.distributed as dist
+
+from ..placement import even_ranges, ranges_of
+from . import client, recovery, signals, state
+from .balance import Balancer
+from .membership import MemberLost, Membership
+from .scaling import ScalingDecisions
+from .state import Position
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ScaleEvent:
+    step: int
+    old_procs: int
+    new_procs: int
+    generation: int
+    ranges: List[Tuple[int, int]] = field(default_factory=list)  # virtual ranks of each process after it
+    seconds: float = 0.0  # from the decision to the new group being ready
+    joined: List[str] = field(default_factory=list)
+    left: List[str] = field(default_factory=list)
+
+
+class ElasticMember:
+    """This process's membership in an elastic job."""
+
+    def __init__(self, address: Optional[str] = None, worker_id: Optional[str] = None, backend: str = "gloo",
+                 timeout_s: float = 300.0, balance: Union[bool, Balancer, None] = None, liveness_s: float = 5.0):
+        """`balance`: True or a Balancer rebalances virtual workers by measured speed (rank 0's
+        Balancer decides); None reads $EASYSCALE_BALANCE (`easyscale run --balance` sets it).
+        `liveness_s`: a process whose heartbeat stops this long is lost (see recover)."""
+        address = address or os.environ.get(client.STORE_ENV)
+        if not address:
+            raise ValueError(f"no job store: pass address='host:port' or set {client.STORE_ENV} "
+                             "(`easyscale run` and `easyscale submit` set it)")
+        if liveness_s <= 0:
+            raise ValueError(f"liveness_s must be > 0, got {liveness_s}")
+        worker_id = worker_id or os.environ.get(client.ID_ENV) or uuid.uuid4().hex[:12]
+        self.membership = Membership(address, worker_id, backend, timeout_s, liveness_s)
+        self.store, self.id, self.liveness_s = self.membership.store, worker_id, liveness_s
+        if balance is None:
+            balance = os.environ.get(client.BALANCE_ENV) == "1"
+        self.balancer = Balancer() if balance is True else (balance or None)
+        self.scaling = ScalingDecisions(self.membership, self.balancer)
+        self.replicas = recovery.Replicas(self.membership)
+        self.joining = os.environ.get(client.JOIN_ENV) == "1"
+        self.hooks: List[Callable[[ScaleEvent], None]] = []
+        self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
+        self._replicated: Optional[Position] = None  # where the store's newest copy of this process's contexts is
+        self._published = False  # the job state joiners are checked against
+        self._terminated = False
+        signals.on_sigterm(self._leave_on_sigterm)
+        if not self.joining:
+            self.membership.enter(0)
+
+    @property
+    def generation(self) -> int:
+        return self.membership.generation
+
+    @property
+    def members(self) -> List[str]:
+        return self.membership.members
+
+    @property
+    def rank(self) -> int:
+        return self.membership.rank
+
+    def on_scale(self, hook: Callable[[ScaleEvent], None]) -> None:
+        """Call hook(event) on every process after each scale event it survives or joins."""
+        self.hooks.append(hook)
+
+    def run(self, train_step, ddp, optimizer, loader, epochs: int, scheduler=None, **options):
+        """The whole elastic training loop around `train_step(step)`: see loop.run."""
+        from .loop import run
+        return run(self, train_step, ddp, optimizer, loader, epochs, scheduler, **options)
+
+    def close(self) -> None:
+        """End this process's part: destroy its process group, if it still has one (call at the end)."""
+        self.membership.leave_group()
+
+    def _leave_on_sigterm(self) -> None:
+        log.warning("%s got SIGTERM: leaving at the next step boundary", self.id)
+        self._terminated = True  # a joiner not admitted yet withdraws (_wait_for)
+        client.release(self.store, self.id)
+
+    # -- before training -----------------------------------------------------------------
+    def start(self, ddp, optimizer, scheduler, position: Optional[Position] = None) -> Position:
+        """Call once before training, on every process: a joiner waits to be admitted and takes the job's
+        state (its optimizer and scheduler must be the members' kinds, else it fails before admission); a
+        first process starts at `position` (default step 0; e.g. a checkpoint's). Returns the position to
+        train from; from then on the process's virtual workers' contexts are replicated for recover()."""
+        if self.joining:
+            return self._join(ddp, optimizer, scheduler)
+        position = position or Position()
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
+        self._replicate(ddp.export_contexts(), position.step)  # what a loss during the first step goes back to
+        self._replicated = position
+        return position
+
+    def join(self, ddp, optimizer, scheduler) -> Position:
+        """Deprecated: `start(ddp, optimizer, scheduler)` does this for a joiner, and starts a first process."""
+        warnings.warn("ElasticMember.join() is deprecated: call member.start(ddp, optimizer, scheduler, position) "
+                      "on every process (a joiner joins there)", DeprecationWarning, stacklevel=2)
+        if not self.joining:
+            raise RuntimeError("join() is for processes started to join a running job; "
+                               "call member.start(ddp, optimizer, scheduler, position) instead")
+        return self._join(ddp, optimizer, scheduler)
+
+    def _join(self, ddp, optimizer, scheduler) -> Position:
+        self._wait_for("job_state")  # published by rank 0 at its first step boundary
+        differences = state.kind_differences(json.loads(self.store.get("job_state")),
+                                             state.job_kind(ddp, optimizer, scheduler))
+        if differences:
+            raise ValueError(f"this joining process does not hold the running job's state ({differences}): build "
+                             "the same model, optimizer and LR scheduler as the members and pass them all: "
+                             "member.start(ddp, optimizer, scheduler)")
+        self.store.set(f"ready/{self.id}", "1")
+        while True:
+            self.store.append("ready", self.id + "\n")  # one atomic write: a death mid-registration leaves no gap
+            self._wait_for(f"admit/{self.id}")
+            generation = int(self.store.get(f"admit/{self.id}"))
+            try:
+                self.membership.enter(generation)
+                break
+            except MemberLost:  # a member died as this generation formed: wait for the next admission
+                self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(None))  # no state: not a survivor
+                self.store.delete_key(f"admit/{self.id}")
+        self.joining = False
+        position = self._adopt(ddp, optimizer, scheduler)
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
+        return position
+
+    def _wait_for(self, key: str) -> None:
+        """Wait for `key` in the job store; a SIGTERM meanwhile withdraws this joiner (it exits)."""
+        while not self.store.check([key]):
+            if self._terminated:
+                self.store.set(f"lost/{self.id}", "withdrew")
+                log.warning("%s withdrew before it joined the job", self.id)
+                raise SystemExit(0)
+            time.sleep(0.05)
+
+    # -- the step boundary --------------------------------------------------------------
+    def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False,
+                      checkpointer=None) -> bool:
+        """Call after every optimizer step, on every member. Returns False if this process left the job
+        (it then has no process group).
+
+        A scale-out waits for its joiners to be prepared; meanwhile training goes on, unless `block` (for
+        schedules that must take effect at this step). If every process asked to leave (SIGTERM), the job
+        stops here: it saves `position` through `checkpointer` (a Checkpointer) first, if given.
+        """
+        if self._boundary is None:  # the recipe from before start() existed: this boundary starts it
+            self.start(ddp, optimizer, scheduler, position)
+        if ddp.synced_steps > self._boundary[1]:  # the synced step since the last boundary replicated this state
+            self._replicated = position
+        self._boundary = (position, ddp.synced_steps)
+        ddp.on_step_contexts = self._replicate
+        proposal = self.scaling.proposed_split(ddp, position.step)
+        decision = [None]
+        if self.rank == 0:
+            if not self._published:
+                self.store.set("job_state", json.dumps(state.job_kind(ddp, optimizer, scheduler)))
+                self._published = True
+            decision[0] = self.scaling.next_members(ddp.world_size, block)
+            if decision[0] is None and proposal is not None:
+                decision[0] = self.members  # the same processes, another split
+        dist.broadcast_object_list(decision, src=0)
+        members = decision[0]
+        if members is None:
+            return True
+        if not members:
+            self._stop(position, checkpointer)
+            return False
+        start = time.perf_counter()
+        old = self.members
+        generation = self.generation + 1
+        for v, ctx in ddp.export_contexts().items():
+            self.store.set(f"gen/{generation}/ctx/{v}", ctx)
+        if self.rank == 0:
+            self.store.set(f"gen/{generation}/position", json.dumps(astuple(position)))
+            self.store.set(f"gen/{generation}/members", json.dumps(members))
+            # A membership change splits evenly (a joiner's speed is unknown); a rebalance as proposed.
+            ranges = ranges_of(proposal) if members == self.members else even_ranges(ddp.world_size, len(members))
+            self.store.set(f"gen/{generation}/ranges", json.dumps(ranges))
+            for who in members:
+                if who not in old:
+                    self.store.set(f"admit/{who}", str(generation))
+        dist.barrier()
+        if self.id not in members:
+            self.membership.leave_group()
+            return False
+        self.membership.enter(generation)
+        self._adopt(ddp, optimizer, scheduler, start=start, old=old)
+        return True
+
+    def _stop(self, position: Position, checkpointer) -> None:
+        """Every process leaves: the job ends here, saved if it can be."""
+        if checkpointer is not None:
+            checkpointer.save(position)
+        elif self.rank == 0:
+            log.warning("every process of the job left at step %d and no checkpointer was passed to "
+                        "step_boundary(): the state after this step is not saved", position.step)
+        self.membership.leave_group()
+
+    def _adopt(self, ddp, optimizer, scheduler, start: Optional[float] = None, old: Optional[List[str]] = None,
+               src: int = 0, context_of: Optional[Callable[[int], bytes]] = None) -> Position:
+        """Take the job's state from process `src` (a survivor: rank 0 after a scale event) and this
+        process's virtual workers' contexts (from the scale event's export unless `context_of`)."""
+        generation = self.generation
+        step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
+        ddp.process_group = dist.group.WORLD
+        ddp.broadcast_state(src=src)
+        states = [state.training_state(ddp, optimizer, scheduler) if self.rank == src else None]
+        dist.broadcast_object_list(states, src=src)  # pickles for us
+        if self.rank != src:
+            state.load_training_state(states[0], ddp, optimizer, scheduler)
+        lo, hi = json.loads(self.store.get(f"gen/{generation}/ranges"))[self.rank]
+        exported = context_of is None
+        context_of = context_of or (lambda v: self.store.get(f"gen/{generation}/ctx/{v}"))
+        contexts = {v: context_of(v) for v in range(lo, hi)}
+        ddp.reconfigure(dist.group.WORLD, contexts, virtual_ranks=(lo, hi))
+        # What a loss in the next steps goes back to, in this process's own slots: its next replication must
+        # not overwrite the state it continues from (a job coming from one process has none).
+        self._replicate(contexts, step)
+        if not exported:  # a survivor's buffers may hold a forward of the abandoned step: virtual rank 0's
+            ddp.broadcast_buffers_from_rank0()
+        dist.barrier()
+        if exported and self.rank == 0:  # everyone has adopted: the store need not keep the contexts
+            for v in range(ddp.world_size):
+                self.store.delete_key(f"gen/{generation}/ctx/{v}")
+        position = self._replicated = Position(step, epoch, step_in_epoch)
+        if self.hooks:
+            if old is None:  # a joiner learns the previous members from the store
+                old = json.loads(self.store.get(f"gen/{generation - 1}/members"))
+            event = ScaleEvent(step=step, old_procs=len(old), new_procs=len(self.members), generation=generation,
+                               ranges=[tuple(r) for r in ddp.ranges],
+                               seconds=time.perf_counter() - start if start is not None else 0.0,
+                               joined=[m for m in self.members if m not in old],
+                               left=[m for m in old if m not in self.members])
+            for hook in self.hooks:
+                hook(event)
+        return position
+
+    # -- surviving a lost process ----------------------------------------------------------
+    def _replicate(self, contexts, step: Optional[int] = None) -> None:
+        """ddp.on_step_contexts: this step's contexts into the store. A job on one process has no survivor
+        to recover: it replicates from its first scale event on (_adopt)."""
+        if len(self.members) == 1 and step is None:
+            return
+        self.replicas.write(contexts, self._boundary[0].step + 1 if step is None else step)
+
+    def recover(self, error: BaseException, ddp, optimizer, scheduler, loader) -> Position:
+        """Call with the error of a failed collective (raised in a step or at a step boundary), on every
+        process the error reaches. If processes of the job died, the survivors continue without them, in
+        place: returns the position to continue the training loop from (`loader` is set to it; the steps
+        after it are redone). An error of the training code itself is re-raised, and the job's other
+        processes stop too (a TrainingError) instead of going on without this one; so is an error where
+        the job cannot go on in place (then restart from the last checkpoint)."""
+        if not recovery.lost_peer(error, self.membership, wait_s=2 * self.liveness_s):
+            recovery.report_training_error(error, self.membership)
+            raise error
+        if self._boundary is None:
+            raise RuntimeError("a collective failed before this process's first step boundary, and "
+                               "member.start(ddp, optimizer, scheduler, position) was not called before training: "
+                               "nothing is replicated yet; restart the job from its last checkpoint") from error
+        start = time.perf_counter()
+        ddp.abandon_step()
+        # Closing this process's connections fails the collectives other survivors may still wait in: the
+        # group goes once nothing holds it, and the failed collective's frames do.
+        traceback.clear_frames(error.__traceback__)
+        self.membership.leave_group()
+        position, synced_then = self._boundary
+        if ddp.synced_steps > synced_then:  # this step's gradients were handed over: the optimizer has stepped
+            position = Position(position.step + 1, loader.epoch, loader.next_step)
+        else:  # the last replicated state: steps since under no_sync() (their kept gradients) are redone
+            position = self._replicated
+        old, generation = self.members, self.generation
+        self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(astuple(position)))
+        decision = recovery.decide_survivors(self.membership, self.replicas, ddp.world_size,
+                                             self.membership.timeout.total_seconds())
+        if "error" in decision:
+            kind = recovery.TrainingError if "failed" in decision else RuntimeError
+            raise kind(decision["error"]) from error
+        if self.id not in decision["members"]:
+            raise RuntimeError(f"{self.id} was taken for lost (no heartbeat for {self.liveness_s} s) and the "
+                               "job went on without it") from error
+        members, new = decision["members"], decision["generation"]
+        step = decision["position"][0]
+        self.store.set(f"gen/{new}/position", json.dumps(decision["position"]))
+        self.store.set(f"gen/{new}/ranges", json.dumps(even_ranges(ddp.world_size, len(members))))
+        self.store.set(f"gen/{new}/members", json.dumps(members))
+        log.warning("%s: lost %s; continuing on %d processes from step %d", self.id,
+                    ", ".join(decision["lost"]) or "no process", len(members), step)
+        self.membership.enter(new)
+        position = self._adopt(ddp, optimizer, scheduler, start=start, old=old,
+                               src=members.index(decision["source"]),
+                               context_of=lambda v: self.replicas.context(v, step)[0])
+        self._boundary = (position, ddp.synced_steps)
+        loader.reassign(ddp.local_ranks)
+        loader.set_epoch(position.epoch, position.step_in_epoch)
+        return position

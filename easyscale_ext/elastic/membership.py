@@ -1,0 +1,157 @@
+"""Membership and rendezvous: who is in the job, generation by generation, and who is alive.
+
+Generation g has an ordered member list in the job store and its own process group, formed on a
+PrefixStore("gen{g}"). Every process beats a counter into the store on a thread and connection of its own;
+a member whose counter has not moved for liveness_s (as seen by the observer: no clocks are compared across
+machines) is lost. The same thread cuts the current group's connections when a member's beat lapses: a
+member that stops without closing them (a lost machine, a stopped process) would otherwise fail no
+collective before the group's timeout.
+"""
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
+
+import torch.distributed as dist
+
+from .client import connect
+
+log = logging.getLogger(__name__)
+
+
+class MemberLost(RuntimeError):
+    """A process of the job was lost while the others waited for it outside a collective."""
+
+
+class Membership:
+    """This process's place in the job: its id, the current generation and its members, and the group."""
+
+    def __init__(self, address: str, worker_id: str, backend: str, timeout_s: float, liveness_s: float):
+        self.store = connect(address, timeout_s)
+        self.id = worker_id
+        self.backend = backend
+        self.timeout = timedelta(seconds=timeout_s)
+        self.liveness_s = liveness_s
+        self.liveness = Liveness(self.store, liveness_s)
+        self.generation = -1
+        self.members: List[str] = []
+        # (generation, members, the group's sockets) while a group is up: what the heartbeat thread watches
+        self._watch: Optional[Tuple[int, List[str], Dict[int, int]]] = None
+        # Connected before any group forms, so that its socket is never taken for one of the group's.
+        beat_store = connect(address, timeout_s)
+        threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True, name="easyscale-heartbeat").start()
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.id)
+
+    def lost(self, who: str) -> bool:
+        """Whether `who` is known lost: its launcher saw it exit, or its heartbeat lapsed."""
+        return self.store.check([f"lost/{who}"]) or self.liveness.stale(who)
+
+    def enter(self, generation: int) -> None:
+        """Form generation `generation`'s process group with its members (leaving the current one)."""
+        self.generation = generation
+        self.members = json.loads(self.store.get(f"gen/{generation}/members"))
+        if self.id not in self.members:
+            raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
+        self.leave_group()
+        self._await_members(generation)
+        before = _sockets()
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
+                                rank=self.rank, world_size=len(self.members), timeout=self.timeout)
+        # gloo's connections to the other members. NCCL's are its own and nothing cuts them: a lost process
+        # ends its collective at the group's timeout, where NCCL's watchdog tears the process down (by default)
+        # rather than raising into recover(); restart the job from its checkpoint.
+        sockets = {fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode} \
+            if self.backend == "gloo" else {}
+        self._watch = (generation, list(self.members), sockets)
+
+    def leave_group(self) -> None:
+        self._watch = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _await_members(self, generation: int) -> None:
+        """Wait until every member of `generation` is there to form its group; a member lost before
+        (e.g. a joiner killed after it was admitted) raises MemberLost instead of stalling the rest."""
+        self.store.set(f"gen/{generation}/arrived/{self.id}", "1")
+        while True:
+            missing = [m for m in self.members if not self.store.check([f"gen/{generation}/arrived/{m}"])]
+            if not missing:
+                return
+            lost = [m for m in missing if self.lost(m)]
+            if lost:
+                raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
+            time.sleep(0.01)
+
+    def _heartbeat(self, store) -> None:
+        """Beat this process's counter every liveness_s / 5 on a connection of its own, and watch the
+        members' beats: one that stopped without closing its connections fails no collective before the
+        group's timeout, so its lapse cuts the group's connections here, which fails the collective this
+        process waits in, if any, at once (then recover())."""
+        liveness, cut = Liveness(store, self.liveness_s), None
+        try:
+            while True:
+                store.add(f"beat/{self.id}", 1)
+                watch = self._watch
+                lapsed = [m for m in watch[1] if m != self.id and liveness.stale(m)] if watch else []
+                if lapsed and watch[0] != cut:
+                    cut = watch[0]
+                    for m in lapsed:  # recover() need not wait out another liveness_s to see it
+                        store.set(f"lost/{m}", "no heartbeat")
+                    log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's connections",
+                                self.id, ", ".join(lapsed), self.liveness_s, cut)
+                    _shut_down(watch[2])
+                time.sleep(self.liveness_s / 5)
+        except Exception:  # the store is gone: the job is over
+            return
+
+
+class Liveness:
+    """Whose heartbeat has not moved for liveness_s, as seen from here (no clocks compared across
+    machines). A process that has not started beating is still starting, not lost."""
+
+    def __init__(self, store, liveness_s: float):
+        self.store, self.liveness_s = store, liveness_s
+        self.seen: Dict[str, Tuple[int, float]] = {}  # process -> (its last beat count, when first seen here)
+
+    def stale(self, who: str) -> bool:
+        beat, now = int(self.store.add(f"beat/{who}", 0)), time.monotonic()
+        if beat == 0:
+            return False
+        seen = self.seen.get(who)
+        if seen is None or seen[0] != beat:
+            self.seen[who] = (beat, now)
+            return False
+        return now - seen[1] > self.liveness_s
+
+
+def _sockets() -> Dict[int, int]:
+    """This process's open sockets, fd -> inode (Linux's /proc; empty elsewhere: no group is then cut)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            out[int(fd)] = int(link[len("socket:["):-1])
+    return out
+
+
+def _shut_down(sockets: Dict[int, int]) -> None:
+    """Shut down the connected ones of these sockets (a group's: gloo's pairs; not its listener, whose
+    failure aborts the process), unless their descriptors were closed and reused since."""
+    for fd, inode in sockets.items():
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:  # the duplicate keeps the socket while we look
+                if os.fstat(s.fileno()).st_ino == inode and s.family in (socket.AF_INET, socket.AF_INET6) \
+                        and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    s.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed, or not connected
+            continue

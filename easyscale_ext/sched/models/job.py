@@ -1,0 +1,248 @@
+"""Jobs as the simulator advances them: allocation bookkeeping, and how fast each kind of job progresses.
+
+An AppJob is one of the profiled applications: it progresses at its measured step time on its placement times
+the statistical efficiency of its batch size, until it has run its epochs. A VirtualWorkerJob is an AppJob of
+EasyScale's kind: D virtual workers with a fixed batch each, on any number of GPUs up to D, of one GPU type or
+(with D2) several. A TraceJob is a job of the Philly trace, known only by its duration on the GPUs it asked
+for: it runs on exactly those.
+"""
+import math
+from functools import lru_cache
+
+from ...placement import optimal_split
+
+from . import goodput
+from .efficiency import gain
+from .throughput import fit_perf_params
+
+# Seconds a job makes no progress when it changes its GPUs in place (stop-free, nothing restarts): the measured
+# pause of an in-place scale event (BENCHMARKS.md). The simulator's default for policies that scale in place.
+IN_PLACE_S = 0.07
+
+
+class Job:
+    def __init__(self, spec):
+        self.spec = spec
+        self.name = spec.name
+        self.arrival = spec.arrival
+        self.groups = {}  # GPU type -> GPUs on each node it holds of that type
+        self.placement = ()  # GPUs on each node it holds, all types
+        self.gpu_type = None  # the GPU type it runs on; None if none or several
+        self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
+        self.completion = None
+        self.attained = 0.0  # GPU-seconds held
+        self.run_s = 0.0  # seconds holding GPUs
+        self.starts = 0
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self.placement)
+
+    @property
+    def restarts(self) -> int:
+        return max(self.starts - 1, 0)
+
+    def allocate(self, groups, delay):
+        """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
+        seconds."""
+        self.groups = {t: tuple(p) for t, p in groups.items() if p}
+        self.placement = sum(self.groups.values(), ())
+        self.gpu_type = next(iter(self.groups)) if len(self.groups) == 1 else None
+        if len(self.groups) > 1 and not self.spec.heterogeneous:
+            raise ValueError(f"{self.name} may not mix GPU types ({sorted(self.groups)}): it does not allow D2")
+        self.delay_left = float(delay) if self.placement else 0.0
+        if self.placement:
+            self.starts += 1
+            self._configure()
+
+    def advance(self, now, seconds):
+        """Let `seconds` pass from time `now`."""
+        if self.completion is not None or not self.placement:
+            return
+        wait = min(self.delay_left, seconds)
+        self.delay_left -= wait
+        used = wait + (self._work(now + wait, seconds - wait) if seconds > wait else 0.0)
+        self.attained += used * self.num_gpus
+        self.run_s += used
+
+    def _configure(self):
+        """Choose how to run on the new placement."""
+
+    def _work(self, now, seconds) -> float:
+        """Progress for up to `seconds` from `now`; set `completion` if done. Returns the seconds used."""
+        raise NotImplementedError
+
+
+class TraceJob(Job):
+    """A rigid job of known duration."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.progress = 0.0  # seconds run
+
+    def _configure(self):
+        if self.num_gpus != self.spec.num_gpus:
+            raise ValueError(f"{self.name} is a trace job that runs on exactly {self.spec.num_gpus} GPUs, "
+                             f"not {self.num_gpus}")
+
+    def _work(self, now, seconds):
+        used = min(seconds, self.spec.duration - self.progress)
+        self.progress += used
+        if self.progress >= self.spec.duration:
+            self.completion = now + used
+        return used
+
+
+class AppJob(Job):
+    """A profiled application. With `batch_size` None it adapts its batch as a Pollux agent does: it fits the
+    throughput model to the step times it has observed and picks the batch of best modelled goodput."""
+
+    def __init__(self, spec, app, batch_size):
+        super().__init__(spec)
+        self.app = app
+        self.batch_size = batch_size
+        self.progress = 0.0  # steps at the initial batch size
+        self.epoch = 0
+        self.epochs = min(spec.epochs or app.epochs, app.epochs)  # the validation profiles end at app.epochs
+        self.local_bsz = 0
+        self.accum_steps = 0
+        self.observed = {}  # (nodes, replicas, micro-batch) -> (step time, sync time): what the agent measured
+        self.perf = None  # throughput model fitted to `observed`
+        self.grad = None  # last measured (grad_sqr, grad_var)
+
+    # Layer freezing (IceFrog, policies/icefrog.py): None, or a timeline whose at(share of training done) gives the
+    # factors on compute time, sync time and progress per iteration; Policy.freezing sets it when the job is made.
+    freezing = None
+
+    def freezing_factors(self) -> tuple:
+        return self.freezing.at(self.progress / self.app.noise.progress_at(self.epochs))
+
+    @property
+    def global_batch(self) -> int:
+        return self.num_gpus * self.local_bsz * (self.accum_steps + 1)
+
+    @property
+    def max_profiled_replicas(self) -> int:
+        return max((key[1] for key in self.observed), default=0)
+
+    def goodput_model(self):
+        return None if self.perf is None else goodput.GoodputModel(self.perf, *self.grad, self.app)
+
+    def _configure(self):
+        app, reps = self.app, self.num_gpus
+        if self.batch_size is None and self.perf is not None:
+            _, local, accum = self.goodput_model().best(len(self.placement), reps)
+            local, accum = int(local[0]), int(accum[0])
+        else:  # a fixed batch; an adaptive job starts at the smallest batch it can run
+            batch = self.batch_size or max(app.init_batch_size, app.min_local_bsz * reps)
+            local, accum = goodput.fixed_batch_config(batch, reps, app)
+        self.local_bsz, self.accum_steps = goodput.cap_local_bsz(local, accum, reps, app), accum
+
+    def _observe(self, step, sync, grad):
+        self.grad = grad
+        key = (len(self.placement), self.num_gpus, self.local_bsz)
+        if key in self.observed:
+            return
+        self.observed[key] = (step, sync)
+        # Jobs of one application tend to see the same configurations: the fit depends only on the set.
+        fits = self.app.fits.setdefault(self.gpu_type, {})
+        keys = frozenset(self.observed)
+        if keys not in fits:
+            cols = list(zip(*((*k, *v) for k, v in self.observed.items())))
+            fits[keys] = fit_perf_params(*cols)
+        self.perf = fits[keys]
+
+    def iteration_time(self) -> float:
+        step, sync = self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz)
+        if self.batch_size is None:
+            self._observe(step, sync, self.app.noise.grad_stats(self.global_batch, self.epoch))
+        if self.freezing is not None:  # frozen layers skip their backward pass and their gradients' exchange
+            compute, exchange, _ = self.freezing_factors()
+            step, sync = (step - sync) * compute + sync * exchange, sync * exchange
+        return step + self.accum_steps * (step - sync)
+
+    def _work(self, now, seconds):
+        app, used = self.app, 0.0
+        while True:
+            batch = self.global_batch
+            grad = app.noise.grad_stats(batch, self.epoch)
+            rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time()
+            if self.freezing is not None:
+                rate *= self.freezing_factors()[2]  # the frozen penalty: a frozen iteration makes less progress
+            need = app.noise.progress_at(self.epoch + 1) - self.progress
+            if rate * (seconds - used) < need:
+                self.progress += rate * (seconds - used)
+                used = seconds
+            else:
+                used += need / rate
+                self.progress = app.noise.progress_at(self.epoch + 1)
+                self.epoch += 1
+                if self.epoch == self.epochs:
+                    self.completion = now + used
+                    return used
+            if self.batch_size is None:
+                self._configure()  # the agent re-tunes its batch with what it has learnt
+            if used >= seconds:
+                return used
+
+
+class VirtualWorkerJob(AppJob):
+    """EasyScale's job: D virtual workers with batch b each, on any number of GPUs up to D (virtual_worker_step)."""
+
+    def __init__(self, spec, app):
+        super().__init__(spec, app, spec.batch_size)
+        self._iteration = 0.0
+
+    @property
+    def global_batch(self) -> int:
+        return self.spec.batch_size
+
+    def _configure(self):
+        d = self.spec.virtual_workers
+        if self.num_gpus > d:
+            raise ValueError(f"{self.name} has {d} virtual workers and cannot use {self.num_gpus} GPUs")
+        self.local_bsz, self.accum_steps = self.spec.batch_size // d, 0
+        self._iteration = virtual_worker_step(self.app, d, self.local_bsz, tuple(self.groups.items()))[0]
+
+    def iteration_time(self) -> float:
+        return self._iteration
+
+
+@lru_cache(maxsize=None)
+def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
+    """(seconds per step, EasyScale's waste) of `virtual_workers` workers of `local_bsz` samples on `groups`
+    ((GPU type, GPUs per node) pairs). Workers are spread by speed with placement.optimal_split, the runtime's own
+    rule. A GPU running k of them computes k - 1, then the last one overlapped with the exchange, as
+    accumulation steps do; the step lasts as long as the slowest GPU's. Mixed GPU types run at D2, whose
+    compute costs the application's measured D2/D0 ratio. Waste: the share of the GPUs' time idle while the
+    slowest computes."""
+    cost = app.d2_cost if len(groups) > 1 else 1.0
+    placement = sum((p for _, p in groups), ())
+    types = [t for t, p in groups for _ in range(sum(p))]
+    compute = {t: cost * app.worker_compute_time(t, local_bsz) for t, _ in groups}
+    sizes = optimal_split(virtual_workers, [1 / compute[t] for t in types])
+    step = 0.0
+    for k, t in zip(sizes, types):
+        full, sync = app.profile(t).step_time(placement, local_bsz)
+        step = max(step, (k - 1) * compute[t] + cost * (full - sync) + sync)
+    busy = [k * compute[t] for k, t in zip(sizes, types)]
+    return step, 1 - sum(busy) / (len(busy) * max(busy))
+
+
+def make_job(spec, apps, batch_size):
+    if spec.app is None:
+        return TraceJob(spec)
+    if spec.virtual_workers is not None and batch_size is not None:  # else a policy that tunes the batch
+        return VirtualWorkerJob(spec, apps[spec.app])
+    return AppJob(spec, apps[spec.app], batch_size)
+
+
+def isolated_runtime(spec, apps, gpus_per_node, gpu_type) -> float:
+    """Seconds the job needs alone on the GPUs it asked for, with its own batch size, packed on full nodes
+    and never restarted: the reference for finish-time fairness."""
+    job = make_job(spec, apps, spec.batch_size)
+    full, rest = divmod(spec.num_gpus, gpus_per_node)
+    job.allocate({gpu_type: (gpus_per_node,) * full + ((rest,) if rest else ())}, 0.0)
+    horizon = spec.duration if spec.app is None else 1e9
+    job.advance(0.0, horizon)
+    return math.inf if job.completion is None else job.completion

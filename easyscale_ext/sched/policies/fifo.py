@@ -1,0 +1,32 @@
+"""FIFO / YARN-CS: jobs run on the GPUs they asked for, started in arrival order, never preempted or resized.
+
+The head of the queue blocks the jobs behind it (no backfilling), as in YARN's capacity scheduler. Jobs are
+packed (best fit) on one GPU type: the job's preferred one where it names one with as many GPUs (EasyScale's
+test.csv has a job of 32 workers that prefers the 16 P100s of its cluster). `serial` is the variant of
+EasyScale's artifact, which starts at most one job per round.
+"""
+from .base import Policy, gpu_type_for, place
+
+
+class FifoPolicy(Policy):
+    def __init__(self, serial: bool = False):
+        self.serial = serial
+        self.name = "fifo-serial" if serial else "fifo"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        result = dict(allocations)
+        free = cluster.free(result)
+        room, size = cluster.room(free), cluster.room(cluster.gpus)
+        for job in jobs:
+            if job.name in result:
+                continue
+            preferred = job.spec.preferred_gpu  # a user who names a GPU type waits for it, if it has enough
+            mine = {preferred: room[preferred]} if preferred and size[preferred] >= job.spec.num_gpus else room
+            gpu_type = gpu_type_for(mine, job.spec.num_gpus)
+            if gpu_type is None:
+                break
+            result[job.name] = place(free, job.spec.num_gpus, cluster.nodes_of(gpu_type), best_fit=True)
+            room[gpu_type] -= job.spec.num_gpus
+            if self.serial:
+                break
+        return result

@@ -1,0 +1,225 @@
+"""EasyScaleDDP is bitwise identical for every placement of N virtual workers.
+
+Each case runs tests/train_job.py as real processes (gloo on localhost) and
+compares a SHA-256 over parameters, buffers and optimizer state after two
+epochs of three steps with the single-process pure-PyTorch reference.
+"""
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import easyscale_ext as es
+from easyscale_ext.runtime import determinism
+from support.jobs import D1, OLDER, needs_older, reference, run_job
+
+
+@pytest.mark.parametrize("procs,ranges", [(1, ""), (2, ""), (4, ""), (2, "0,3,4")],
+                         ids=["P1", "P2", "P4", "split3+1"])
+def test_cnn_n4_every_placement_matches_reference(procs, ranges):
+    assert run_job("easyscale", procs=procs, n=4, ranges=ranges) == reference()
+
+
+def test_dataloader_workers_do_not_change_bits():
+    assert run_job("easyscale", procs=2, n=4, num_workers=2) == reference()
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_transformer_n4(procs):
+    assert run_job("easyscale", procs=procs, n=4, model="transformer") == reference("transformer")
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_cnn_n8(procs):
+    assert run_job("easyscale", procs=procs, n=8) == reference(n=8)
+
+
+def test_placements_are_not_trivially_equal():
+    # The hash sees the worker count: a test comparing hashes can fail.
+    assert reference(n=4) != reference(n=8)
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_n2_on_one_process_equals_torch_ddp_on_two(model):
+    assert run_job("easyscale", procs=1, n=2, model=model) == run_job("ddp", procs=2, n=2, model=model)
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_unchanged_ddp_loop_with_one_virtual_worker_per_process_equals_torch_ddp(model):
+    assert run_job("easyscale", procs=2, n=2, model=model, implicit=1) == run_job("ddp", procs=2, n=2, model=model)
+
+
+@pytest.mark.parametrize("procs", [1, 2, 4])
+def test_unbroadcast_buffers_are_the_first_workers_on_every_placement(procs):
+    # Between steps a process holds its first virtual worker's buffers, as a DDP rank holds its own:
+    # rank 0's state_dict() (BatchNorm running stats) is virtual worker 0's whatever P is.
+    n2 = run_job("easyscale", procs=1, n=2, broadcast_buffers=0)
+    if procs <= 2:
+        assert run_job("easyscale", procs=procs, n=2, broadcast_buffers=0) == n2
+    else:
+        assert run_job("easyscale", procs=procs, n=4, broadcast_buffers=0) == \
+            run_job("easyscale", procs=1, n=4, broadcast_buffers=0)
+
+
+def test_unbroadcast_buffers_equal_torch_ddp_rank_0():
+    assert run_job("easyscale", procs=1, n=2, broadcast_buffers=0) == \
+        run_job("ddp", procs=2, n=2, broadcast_buffers=0)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_parameters_no_worker_used_keep_no_gradient(procs):
+    # AdamW leaves a parameter with grad None untouched, as torch DDP's find_unused_parameters does.
+    assert run_job("easyscale", procs=procs, n=4, model="branchy") == reference("branchy")
+
+
+SMALL_BUCKETS = 0.002  # MB: the test CNN in three buckets of 5, 1 and 4 parameters, exchanged during backward
+
+
+@pytest.mark.parametrize("model,procs,ranges", [("cnn", 2, "0,3,4"), ("cnn", 4, ""), ("branchy", 2, "")])
+def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, ranges):
+    # several buckets, an uneven split, parameters no worker used: the same canonical sums
+    assert run_job("easyscale", procs=procs, n=4, model=model, ranges=ranges,
+                   bucket_cap_mb=SMALL_BUCKETS) == reference(model)
+
+
+def test_two_backwards_in_the_last_worker_fail_clearly():
+    ddp = es.EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2)
+    with pytest.raises(RuntimeError, match="got a gradient twice .* run one backward per virtual worker"):
+        for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
+            ddp(x).sum().backward()
+            ddp(x).sum().backward()
+
+
+def test_unused_parameters_match_torch_ddp():
+    assert run_job("easyscale", procs=1, n=2, model="branchy") == run_job("ddp", procs=2, n=2, model="branchy")
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_no_sync_accumulation_matches_reference(procs):
+    # Every virtual worker keeps its own gradient partial across no_sync steps.
+    assert run_job("easyscale", procs=procs, n=4, accumulate=2) == reference(accumulate=2)
+    assert reference(accumulate=2) != reference()  # accumulation changes the result: the test can fail
+
+
+def test_no_sync_with_two_workers_on_one_process_equals_torch_ddp():
+    assert run_job("easyscale", procs=1, n=2, accumulate=2) == run_job("ddp", procs=2, n=2, accumulate=2)
+
+
+def test_n1_equals_plain_training():
+    assert run_job("easyscale", procs=1, n=1) == run_job("plain", n=1)
+
+
+
+
+def test_d1_matches_reference_with_deterministic_kernels():
+    assert run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, D1]) == reference(level="D1")
+
+
+@needs_older
+def test_d1_differs_across_instruction_sets():
+    old_machine = dict(D1, **determinism.isa_caps(OLDER))
+    mixed = run_job("easyscale", procs=2, n=4, level="D1", env_per_rank=[D1, old_machine])
+    assert mixed != reference(level="D1")
+    assert mixed != reference(level="D1", isa=OLDER)
+
+
+@needs_older
+def test_d2_agrees_across_instruction_sets():
+    # A process on this CPU held to the older machine's floor computes the older machine's bits.
+    d2 = determinism.environment("D2", isa=OLDER)
+    old_machine = dict(d2, **determinism.isa_caps(OLDER))
+    mixed = run_job("easyscale", procs=2, n=4, level="D2", env_per_rank=[d2, old_machine])
+    assert mixed == reference(level="D2", isa=OLDER)
+    assert mixed != reference(level="D1")  # the floor took effect here: the test can fail
+
+
+def test_d2_without_its_environment_fails_clearly():
+    unset = dict(D1, **{k: "" for k in determinism.isa_caps("AVX2")})  # also where the caller pinned them
+    with pytest.raises(RuntimeError, match="ONEDNN_MAX_CPU_ISA=AVX2"):
+        run_job("easyscale", procs=1, n=2, level="D2", env_per_rank=[unset])
+
+
+def test_d2_floor_differing_between_processes_fails_clearly():
+    cpu = determinism.cpu_isa()
+    floors = [f for f in determinism.FLOORS if cpu and determinism.ISAS.index(f) <= determinism.ISAS.index(cpu)]
+    if len(floors) < 2:
+        pytest.skip(f"needs two D2 floors this CPU ({cpu}) can run")
+    envs = [determinism.environment("D2", isa=floors[-1]), determinism.environment("D2", isa=floors[-2])]
+    with pytest.raises(RuntimeError, match="different job setting"):
+        run_job("easyscale", procs=2, n=2, level="D2", env_per_rank=envs)
+
+
+def test_d2_floor_above_the_cpu_fails_clearly():
+    with pytest.raises(RuntimeError, match=r"holds this job to AVX2, but this CPU lacks avx2, fma: "
+                                           r"run the whole job with --isa AVX \(or lower\)"):
+        determinism.check_cpu("AVX2", flags={"sse4_1", "sse4_2", "avx"})
+    determinism.check_cpu("AVX2", flags={"sse4_1", "sse4_2", "avx", "avx2", "fma"})
+
+
+def test_native_isa_counts_environment_caps():
+    cpu = determinism.cpu_isa()
+    if cpu is None:
+        pytest.skip("this CPU's flags are unknown")
+    assert determinism.native_isa({}) == cpu
+    below = determinism.isa_below(cpu)
+    if below in determinism.FLOORS:
+        assert determinism.native_isa(determinism.isa_caps(below)) == below
+
+
+def test_fewer_virtual_workers_than_processes_fails_clearly():
+    with pytest.raises(RuntimeError, match="smaller than the 2 processes"):
+        run_job("easyscale", procs=2, n=1)
+
+
+def test_n_differing_between_processes_fails_clearly():
+    with pytest.raises(RuntimeError, match="virtual_world_size differs between processes"):
+        run_job("easyscale", procs=2, n=4, mismatch_n=1)
+
+
+def test_sync_batchnorm_with_several_workers_per_process_fails_clearly():
+    with pytest.raises(RuntimeError, match="SyncBatchNorm cannot run several virtual workers"):
+        run_job("easyscale", procs=1, n=2, sync_bn=1)
+
+
+def test_destroy_process_group_ends_the_group_while_easyscale_ddp_lives(tmp_path):
+    # A gloo group alive at interpreter shutdown can abort the process there (pytorch/pytorch#190489),
+    # so the script's destroy_process_group() must end it. D1 imports torch.distributed.nn (through
+    # use_deterministic_algorithms) after the group exists: a fresh interpreter sees that.
+    script = f"""
+import weakref, torch, torch.distributed as dist
+from torch import nn
+from easyscale_ext import EasyScaleDDP
+dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=0, world_size=1)
+ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2, determinism_level="D1")
+for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
+    ddp(x).sum().backward()
+group = weakref.ref(ddp.process_group)
+dist.destroy_process_group()
+print("alive" if group() is not None else "destroyed")
+try:
+    ddp.process_group
+except RuntimeError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    destroyed, error = out.stdout.splitlines()
+    assert destroyed == "destroyed"
+    assert error.startswith("this EasyScaleDDP's process group was destroyed") and "reconfigure()" in error
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_one_process_matches_cuda_reference(model):
+    ref = run_job("reference", n=4, model=model, device="cuda", level="D1", env_per_rank=[D1])
+    assert run_job("easyscale", procs=1, n=4, model=model, device="cuda", level="D1", env_per_rank=[D1]) == ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL, one process per GPU)")
+def test_cuda_nccl_two_processes_match_reference():
+    ref = run_job("reference", n=4, device="cuda", level="D1", env_per_rank=[D1])
+    assert run_job("easyscale", procs=2, n=4, device="cuda", level="D1", env_per_rank=[D1, D1]) == ref

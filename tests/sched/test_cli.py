@@ -1,0 +1,105 @@
+"""`easyscale simulate`'s command line: one-line errors before anything runs, the policies it runs, the cluster and
+stand-ins it says it used, and the files it writes."""
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from easyscale_ext.cli import simulate as simulate_cli
+from easyscale_ext.cli.main import UsageError
+from easyscale_ext.sched.policies import POLICIES
+
+WORKLOAD = "pollux/workloads/workload-6.csv"  # inside the data folder
+
+
+def easyscale(tmp_path, *argv):
+    """Run `python -m easyscale_ext.cli simulate ARGV --out tmp_path/out` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "simulate", *argv, "--no-progress",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=5)
+
+
+@pytest.fixture
+def unknown_apps(tmp_path):
+    path = tmp_path / "apps.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\na,0,gpt9,1,8\nb,0,electra,1,8\nc,0,t5,1,8\n")
+    return path
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workload", "missing.csv"], "no workload file missing.csv: pass --workload"),
+    (["--workload", "{lacking}"], "lacks the column(s) batch_size of a Pollux workload"),
+    (["--workload", WORKLOAD, "--cluster", "abc"], "bad cluster group 'abc'"),
+    (["--workload", WORKLOAD, "--cluster", "4x"], "bad cluster group '4x'"),
+    (["--workload", WORKLOAD, "--cluster", "0x4"], "both at least 1"),
+    (["--workload", WORKLOAD, "--cluster", "4x4:h100"], "no step-time profile for GPU type h100; use one of"),
+    (["--workload", WORKLOAD, "--policy", "pollux,nope"], "(unknown: nope)"),
+    (["--workload", WORKLOAD, "--policy", "optimus", "--cluster", "2x4:t4,1x4:v100"], "optimus models one GPU type"),
+    (["--workload", "{unknown}"], "no profile for application(s) gpt9, t5 (profiled: bert"),
+    (["--workload", "{unknown}", "--map", "gpt9=nothing"], "--map gpt9=nothing: expected APP=PROFILED"),
+    (["--workload", WORKLOAD, "--data", "/nonexistent"], "no scheduling traces at /nonexistent"),
+])
+def test_a_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, unknown_apps, argv, says):
+    lacking = tmp_path / "lacking.csv"
+    lacking.write_text("name,time,application,num_replicas\na,0,bert,1\n")
+    argv = [a.format(lacking=lacking, unknown=unknown_apps) for a in argv]
+    proc = easyscale(tmp_path, *argv)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("easyscale simulate: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_applications_are_named_with_how_to_map_them(tmp_path, unknown_apps):
+    proc = easyscale(tmp_path, "--workload", str(unknown_apps))
+    assert "gpt9, t5" in proc.stderr and "electra" not in proc.stderr and "--map APP=PROFILED" in proc.stderr
+    proc = easyscale(tmp_path, "--workload", str(unknown_apps), "--policy", "fifo", "--map", "gpt9=cifar10",
+                     "--map", "t5=bert,electra=ncf")
+    assert proc.returncode == 0, proc.stderr
+    assert "run as: gpt9 -> cifar10, electra -> ncf, t5 -> bert" in proc.stdout
+    assert json.loads((tmp_path / "out" / "apps-fifo.json").read_text())["stand_ins"]["electra"] == "ncf"
+
+
+def test_policy_lists():
+    assert simulate_cli.policy_names("all") == ["all"]
+    assert simulate_cli.policy_names("tiresias, fifo,tiresias") == ["tiresias", "fifo"]
+    for bad in ("", "all,fifo", "fifo,nope"):
+        with pytest.raises(UsageError, match="expected all, or comma-separated names"):
+            simulate_cli.policy_names(bad)
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    simulate_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["simulate", *argv, "--no-progress"])
+
+
+def test_an_easyscale_workload_runs_on_easyscales_cluster_and_says_so(tmp_path, capsys):
+    assert simulate_cli.main(parse("--workload", "easyscale/workloads/test.csv", "--policy", "fifo-serial")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("cluster 4x8:v100,2x8:p100,4x4:t4: 32 v100 + 16 p100 + 16 t4 (EasyScale's, the default for "
+                      "its workloads); p100 steps are t4's scaled by EasyScale's measured p100/t4 ratios")
+    assert out[1].startswith("applications without a profile run as: electra -> bert, swintransformer -> imagenet")
+    assert out[2].startswith("repeated job names numbered: electra-28-1#2")
+    assert simulate_cli.main(parse("--workload", WORKLOAD, "--policy", "fifo", "--limit", "5")) == 0
+    assert capsys.readouterr().out.startswith("cluster 16x4:t4: 64 t4\n")
+
+
+def test_runs_of_other_policies_write_their_own_files(tmp_path):
+    written = []
+    for policies in ("fifo", "tiresias", "fifo,tiresias"):
+        before = set(tmp_path.iterdir())
+        simulate_cli.main(parse("--workload", WORKLOAD, "--policy", policies, "--limit", "6", "--cluster", "4x4",
+                                "--out", str(tmp_path)))
+        written.append({p.name for p in set(tmp_path.iterdir()) - before})
+    assert written[0] == {f"workload-6-fifo{end}" for end in (".json", "-gantt.png", "-jct-cdf.png", "-gpus.png",
+                                                               "-summary.png")}
+    assert written[1] == {name.replace("fifo", "tiresias") for name in written[0]}
+    assert written[2] == {f"workload-6-fifo+tiresias-{figure}.png" for figure in ("jct-cdf", "gpus", "summary")}
+
+
+def test_every_registered_policy_has_a_colour_of_its_own():
+    from easyscale_ext.sched.plots import COLOURS
+
+    assert len(POLICIES) > 10 and len({COLOURS[name] for name in POLICIES}) == len(POLICIES)

@@ -1,0 +1,45 @@
+"""Our policy and the simulator's in-place reallocation, on tiny cases."""
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.workload import JobSpec
+from easyscale_ext.sched.policies.fifo import FifoPolicy
+from easyscale_ext.sched.policies.ours import OursPolicy
+from easyscale_ext.sched.policies.sia import SiaPolicy
+from easyscale_ext.sched.simulator import SimConfig, simulate
+from test_sia import running
+
+
+class Resizer(FifoPolicy):
+    """Gives the one job 1 GPU, then 2, then none, then 1: two reallocations and a restart."""
+    plan = [(0,), (0, 0), (), (0,)]
+
+    def optimize(self, now, jobs, cluster, allocations):
+        step = min(int(now // 60) - 1, len(self.plan) - 1)
+        return {j.name: self.plan[step] for j in jobs}
+
+
+def test_in_place_policies_pay_the_pause_between_allocations_and_a_restart_after_none(apps):
+    spec = JobSpec("a", 0, 1, "cifar10", 128, epochs=10)
+    config = SimConfig(restart_s=30.0, start_s=30.0, in_place_s=0.5)
+    end = {}
+    for in_place in (False, True):
+        policy = Resizer()
+        policy.in_place = in_place
+        end[in_place] = simulate([spec], policy, Cluster.parse("1x4"), apps, config).jobs[0]["completion"]
+    # The same allocations. In place, the 1 -> 2 GPU change pauses 0.5 s, not 30 s: 29.5 s more on 2 GPUs,
+    # which would take between 29.5 s and twice that on the 1 GPU the job ends on. The start after holding
+    # nothing costs 30 s either way (else 59 s would be saved).
+    assert 29.5 < end[False] - end[True] < 59.0
+
+
+def test_ours_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
+    # A job measured on 2 GPUs, restarted once, 40 s old: Sia's restart factor (40 - 30) / (40 + 30) = 1/7
+    # makes growing to 4 GPUs look worse than staying; at our 0.07 s the factor is ~1 and it grows.
+    job = running(apps, "a", 2, "t4", seconds=40)
+    job.starts = 2
+    cluster, current = Cluster.parse("1x4:t4"), {"a": (0, 0)}
+    assert len(SiaPolicy().optimize(40, [job], cluster, current)["a"]) == 2
+    ours = OursPolicy()
+    ours._record([job])
+    values = ours._values(job, ["t4"], {"t4": [1, 2, 4]}, {"t4": 4})
+    assert values["t4", 4] > values["t4", 2]  # 4 GPUs are worth more, undiscounted
+    assert len(ours.optimize(40, [job], cluster, current)["a"]) == 4

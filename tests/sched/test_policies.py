@@ -1,0 +1,127 @@
+"""Each policy on tiny workloads whose outcome can be worked out by hand."""
+import numpy as np
+import pytest
+
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.job import make_job
+from easyscale_ext.sched.models.workload import JobSpec
+from easyscale_ext.sched.policies.fifo import FifoPolicy
+from easyscale_ext.sched.policies.optimus import OptimusPolicy
+from easyscale_ext.sched.policies.pollux import PolluxPolicy, _Search
+from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
+from easyscale_ext.sched.simulator import SimConfig, simulate
+
+FREE = SimConfig(round_s=60, restart_s=0, start_s=0)
+
+
+def trace_job(name, arrival, gpus, duration):
+    return JobSpec(name, arrival, gpus, duration=duration)
+
+
+def jcts(result):
+    return {j["name"]: j["jct"] for j in result.jobs}
+
+
+def test_fifo_head_of_line_blocks_and_serial_starts_one_per_round():
+    jobs = [trace_job("a", 0, 4, 100), trace_job("b", 0, 1, 50), trace_job("c", 0, 1, 50)]
+    # a takes all 4 GPUs at t=0 (the first round) and ends at 100; b and c start at the round after, 120.
+    fifo = simulate(jobs, FifoPolicy(), Cluster.parse("2x2"), None, FREE)
+    assert jcts(fifo) == {"a": 100, "b": 170, "c": 170}
+    serial = simulate(jobs, FifoPolicy(serial=True), Cluster.parse("2x2"), None, FREE)
+    assert jcts(serial) == {"a": 100, "b": 170, "c": 230}  # c waits one more round
+
+
+def test_fifo_packs_small_jobs_on_the_fullest_node():
+    jobs = [trace_job("a", 0, 3, 1000), trace_job("b", 0, 1, 1000), trace_job("c", 0, 4, 1000)]
+    result = simulate(jobs, FifoPolicy(), Cluster.parse("2x4"), None, FREE)
+    assert {j["name"]: j["start"] for j in result.jobs} == {"a": 0, "b": 0, "c": 0}  # b fills a's node
+
+
+def test_tiresias_demotes_after_16_gpu_hours_and_the_newcomer_preempts():
+    hour = 3600
+    jobs = [trace_job("long", 0, 4, 6 * hour), trace_job("short", hour, 4, hour)]
+    result = simulate(jobs, TiresiasPolicy(), Cluster.parse("1x4"), None, FREE)
+    got = {j["name"]: j for j in result.jobs}
+    # long has used 16 GPU-hours after 4 h: demoted, preempted by short (4 h -> 5 h), then resumes.
+    assert got["short"]["start"] == 4 * hour and got["short"]["jct"] == 4 * hour
+    assert got["long"]["completion"] == 7 * hour and got["long"]["restarts"] == 1
+
+
+def test_tiresias_backfills_a_job_that_fits():
+    jobs = [trace_job("a", 0, 3, 600), trace_job("b", 0, 4, 600), trace_job("c", 0, 1, 600)]
+    result = simulate(jobs, TiresiasPolicy(), Cluster.parse("1x4"), None, FREE)
+    assert {j["name"]: j["start"] for j in result.jobs} == {"a": 0, "b": 600, "c": 0}
+
+
+def test_optimus_gives_one_gpu_each_then_the_largest_marginal_gain(apps):
+    jobs = [JobSpec("big", 0, 1, "cifar10", 2048), JobSpec("small", 0, 1, "cifar10", 128)]
+    policy = OptimusPolicy()
+    live = [make_job(s, apps, s.batch_size) for s in jobs]
+    alloc = policy.optimize(60, live, Cluster.parse("1x4"), {})
+    counts = {k: len(v) for k, v in alloc.items()}
+    assert sum(counts.values()) == 4 and min(counts.values()) >= 1
+    # By hand: the marginal gains of the two jobs, from the measured iteration times.
+    t = {j.name: policy._times(j, 4, "t4", 4) for j in live}
+    rem = {j.name: j.app.noise.iterations(j.batch_size, 99) - j.app.noise.iterations(j.batch_size, 0) for j in live}
+    n = {"big": 1, "small": 1}
+    for _ in range(2):
+        gains = {k: (t[k][n[k]] - t[k][n[k] + 1]) * rem[k] if n[k] + 1 < len(t[k]) else 0 for k in n}
+        n[max(gains, key=gains.get)] += 1
+    assert counts == n
+
+
+def test_pollux_explores_then_scales_a_lone_job_out(apps):
+    result = simulate([JobSpec("c", 0, 1, "cifar10", 128)], PolluxPolicy(seed=1), Cluster.parse("1x4"), apps)
+    gpus = {g for _, _, _, g in result.segments}
+    assert gpus == {1, 2, 4}  # at most twice what it has been measured on: 1, then 2, then 4
+
+
+def test_pollux_shares_a_node_fairly(apps):
+    jobs = [JobSpec("a", 0, 1, "cifar10", 128), JobSpec("b", 0, 1, "cifar10", 128)]
+    result = simulate(jobs, PolluxPolicy(seed=1), Cluster.parse("1x4"), apps)
+    first = {}
+    for name, start, _, gpus in result.segments:
+        first.setdefault(name, (start, gpus))
+    # Both start in the same round (at 60 s: at age 0 the restart factor makes starting worth nothing), as
+    # p = -1 never starves one of two identical jobs.
+    assert first["a"][0] == first["b"][0] == 60
+
+
+def test_pollux_search_keeps_allocations_when_moving_gains_nothing():
+    # Two jobs, linear speedups: any full allocation has the same value, but a change costs its restart factor.
+    base = np.array([[2, 0], [0, 2]])
+    speedup = np.tile(np.arange(5.0), (2, 3, 1))
+    search = _Search(base, np.array([2, 2]), np.array([4, 4]), speedup, np.array([0.5, 0.5]), -1.0, 0.5,
+                     np.random.default_rng(0))
+    best = search.run(base[None], 16, 10)[0]
+    assert np.array_equal(best, base)
+
+
+def test_pollux_search_objective_is_the_power_mean():
+    base = np.zeros((2, 1), dtype=np.int64)
+    speedup = np.tile(np.arange(5.0), (2, 2, 1))
+    search = _Search(base, np.array([4]), np.array([4, 4]), speedup, np.ones(2), -1.0, 1.0, None)
+    value = search.objective(np.array([[[1], [3]]]))[0]
+    assert value == pytest.approx(2 / (1 / 1.001 + 1 / 3.001))
+
+
+def test_fifo_and_tiresias_keep_each_job_on_one_gpu_type():
+    jobs = [trace_job("a", 0, 3, 600), trace_job("b", 0, 3, 600), trace_job("c", 0, 2, 600)]
+    cluster = Cluster.parse("1x4:t4,1x4:v100")
+    for policy in (FifoPolicy(), TiresiasPolicy()):
+        result = simulate(jobs, policy, cluster, None, FREE)  # the simulator checks no job spans types
+        starts = {j["name"]: j["start"] for j in result.jobs}
+        assert starts == {"a": 0, "b": 0, "c": 600}, policy.name  # c fits in 2 free GPUs, but not of one type
+
+
+def test_optimus_refuses_mixed_clusters(apps):  # Pollux runs there unaware of types (test_sia.py)
+    live = [make_job(JobSpec("c", 0, 1, "cifar10", 128), apps, 128)]
+    with pytest.raises(ValueError, match="mixes several"):
+        simulate([live[0].spec], OptimusPolicy(), Cluster.parse("1x4:t4,1x4:v100"), apps)
+
+
+def test_p100_profile_scales_compute_by_easyscale_ratio(apps):
+    app = apps["imagenet"]  # ResNet50 in EasyScale's measurements: P100 0.415 s, T4 0.6097 s per step
+    assert app.step_ratio("p100") == pytest.approx(0.415 / 0.6097)
+    t4, p100 = app.profile("t4").step_time((4, 4), 100), app.profile("p100").step_time((4, 4), 100)
+    assert p100[1] == t4[1] and p100[0] - p100[1] == pytest.approx((t4[0] - t4[1]) * 0.415 / 0.6097)

@@ -1,0 +1,121 @@
+"""Sia on tiny cases that can be checked by hand or by brute force, and Pollux on a cluster of several GPU types."""
+import itertools
+
+import numpy as np
+import pytest
+
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.job import make_job
+from easyscale_ext.sched.models.workload import JobSpec
+from easyscale_ext.sched.policies.pollux import PolluxPolicy, _one_type
+from easyscale_ext.sched.policies.sia import SiaPolicy, gpu_counts, one_gpu_throughput
+from easyscale_ext.sched.simulator import simulate
+
+HETERO = Cluster.parse("1x4:t4,1x8:a100")
+
+
+def test_configurations_are_powers_of_two_in_a_node_then_whole_nodes():
+    assert gpu_counts(4, 6) == [1, 2, 4, 8, 12, 16, 20, 24]
+    assert gpu_counts(8, 2) == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_integer_program_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    capacity = {"t4": 4, "a100": 8}
+    options = [(j, t, g) for j in range(2) for t, gs in (("t4", (1, 2, 4)), ("a100", (1, 2, 4, 8))) for g in gs]
+    costs = rng.uniform(-1.1, 0.5, len(options))
+    chosen = SiaPolicy()._solve(2, options, costs, np.zeros(len(options), bool), capacity)
+
+    def total(pick):  # pick: an option index or None per job
+        used = {t: sum(options[i][2] for i in pick if i is not None and options[i][1] == t) for t in capacity}
+        if any(used[t] > capacity[t] for t in capacity):
+            return np.inf
+        return sum(costs[i] for i in pick if i is not None)
+
+    per_job = [[None] + [i for i, o in enumerate(options) if o[0] == j] for j in range(2)]
+    best = min(total(pick) for pick in itertools.product(*per_job))
+    assert sum(costs[options.index(c)] for c in chosen) == pytest.approx(best)
+    assert len({j for j, _, _ in chosen}) == len(chosen)  # at most one configuration per job
+
+
+def test_capacity_forced_config_and_no_allocation():
+    options = [(0, "t4", 4), (1, "t4", 4), (1, "t4", 2)]
+    costs = np.array([-0.9, -0.1, -1.0])
+    policy = SiaPolicy()
+    # Job 1 on 2 GPUs alone would be cheapest, but job 0 must keep its 4 (restarting): job 1 gets nothing.
+    assert policy._solve(2, options, costs, np.array([True, False, False]), {"t4": 4}) == [(0, "t4", 4)]
+    assert policy._solve(2, options, costs, np.zeros(3, bool), {"t4": 4}) == [(1, "t4", 2)]
+    assert policy._solve(2, options, np.ones(3), np.zeros(3, bool), {"t4": 4}) == []  # costs > 0: nobody runs
+
+
+def running(apps, name, gpus, gpu_type, seconds=600, app="cifar10"):
+    """A job that has run `seconds` on `gpus` GPUs of one node of `gpu_type` (so it has measured them)."""
+    job = make_job(JobSpec(name, 0, 1, app, 128), apps, None)
+    job.allocate({gpu_type: (gpus,)}, 0.0)
+    job.advance(0.0, seconds)
+    return job
+
+
+def test_new_jobs_get_one_gpu_each_and_never_span_types(apps):
+    jobs = [make_job(JobSpec(n, 0, 1, "cifar10", 128), apps, None) for n in "abc"]
+    tiny = Cluster.parse("1x1:t4,1x1:a100")
+    alloc = SiaPolicy().optimize(60, jobs, tiny, {})
+    assert len(alloc) == 2 and all(len(a) == 1 for a in alloc.values())  # capacity: two GPUs, one each
+    alloc = SiaPolicy().optimize(60, jobs, HETERO, {})
+    assert sorted(alloc) == ["a", "b", "c"] and all(len(a) == 1 for a in alloc.values())  # unknown: 1 GPU only
+
+
+def test_bootstrap_projects_the_measured_type_by_one_gpu_throughputs(apps):
+    job = running(apps, "a", 2, "t4")
+    policy = SiaPolicy()
+    policy._record([job])
+    values = policy._values(job, ["t4", "a100"], {"t4": [1, 2, 4], "a100": [1, 2, 4, 8]}, {"t4": 4, "a100": 8})
+    assert set(values) == {("t4", 1), ("t4", 2), ("t4", 4), ("a100", 1), ("a100", 2), ("a100", 4)}  # <= 2 x 2
+    ratio = one_gpu_throughput(job.app, "a100") / one_gpu_throughput(job.app, "t4")
+    for g in (1, 2, 4):
+        assert values["a100", g] == pytest.approx(values["t4", g] * ratio)
+    assert min(values.values()) == pytest.approx(1.0)  # normalised by its least goodput
+
+
+def test_no_allocation_penalty_makes_waiting_jobs_start(apps):
+    jobs = [make_job(JobSpec(n, 0, 1, "cifar10", 128), apps, None) for n in "ab"]
+    assert len(SiaPolicy().optimize(60, jobs, HETERO, {})) == 2
+    assert SiaPolicy(lambda_n=0.0).optimize(60, jobs, HETERO, {}) == {}  # each costs 1^p > 0: none would run
+
+
+def test_a_waiting_job_takes_gpus_only_when_that_costs_less(apps):
+    old = running(apps, "old", 4, "t4")
+    new = make_job(JobSpec("new", 600, 1, "cifar10", 128), apps, None)
+    policy = SiaPolicy()
+    alloc = policy.optimize(660, [old, new], Cluster.parse("1x4:t4"), {"old": (0,) * 4})
+    # By hand: old keeps 4 GPUs, or shrinks to 2 (restart factor 660 / 690, plus lambda_a) and new runs on 1.
+    v = policy._values(old, ["t4"], {"t4": [1, 2, 4]}, {"t4": 4})
+    keep = v["t4", 4] ** -0.5 - 1.1
+    shrink = (v["t4", 2] * 660 / 690) ** -0.5 - 1.1 + 0.01 + 1 ** -0.5 - 1.1
+    assert {n: len(a) for n, a in alloc.items()} == ({"old": 4} if keep < shrink else {"old": 2, "new": 1})
+
+
+def test_unchanged_jobs_keep_their_gpus():
+    cluster = Cluster.parse("2x4:t4")
+    alloc = SiaPolicy._place({"a": ("t4", 1), "b": ("t4", 4), "c": ("t4", 2)}, {"a": (1,), "b": (1,)}, cluster)
+    assert alloc == {"a": (1,), "b": (0, 0, 0, 0), "c": (1, 1)}  # b grows into a whole node; a stays; c packs
+
+
+def test_sia_simulation_runs_on_a_mixed_cluster(apps):
+    specs = [JobSpec(f"bert-{i}", 60 * i, 1, "bert", 12) for i in range(3)]
+    result = simulate(specs, SiaPolicy(), HETERO, apps)  # the simulator checks no job spans types
+    assert len(result.jobs) == 3 and all(j["completion"] > j["arrival"] for j in result.jobs)
+
+
+def test_pollux_keeps_the_type_a_job_has_most_of():
+    assert _one_type(np.array([2, 3, 0]), Cluster.parse("1x4:t4,2x4:a100")).tolist() == [0, 3, 0]
+    assert _one_type(np.array([3, 1, 1]), Cluster.parse("1x4:t4,2x4:a100")).tolist() == [3, 0, 0]
+    assert _one_type(np.array([2, 2]), Cluster.parse("1x4:t4,1x4:a100")).tolist() == [0, 2]  # tie: faster
+    assert _one_type(np.array([2, 2]), Cluster.parse("2x4:t4")).tolist() == [2, 2]
+
+
+def test_pollux_simulation_runs_on_a_mixed_cluster(apps):
+    specs = [JobSpec(f"bert-{i}", 60 * i, 1, "bert", 12) for i in range(3)]
+    result = simulate(specs, PolluxPolicy(seed=0), HETERO, apps)
+    assert len(result.jobs) == 3

@@ -1,0 +1,111 @@
+"""The event loop's invariants on a real workload, determinism, and the command line end to end."""
+import argparse
+import json
+
+import pytest
+
+from easyscale_ext.cli import simulate as simulate_cli
+from easyscale_ext.sched.metrics import summarize
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import ENV_VAR, data_dir
+from easyscale_ext.sched.models.workload import JobSpec, load_workload
+from easyscale_ext.sched.policies.base import Policy
+from easyscale_ext.sched.policies.pollux import PolluxPolicy
+from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
+from easyscale_ext.sched.simulator import InvariantError, SimConfig, simulate
+
+
+@pytest.fixture(scope="module")
+def workload(data):
+    return data / "pollux" / "workloads" / "workload-6.csv"
+
+
+def test_missing_data_says_what_to_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="--data"):
+        data_dir()
+
+
+def test_cluster_spec():
+    c = Cluster.parse("6x4:t4,2x8:a100")
+    assert c.total_gpus == 40 and c.types[5:7] == ("t4", "a100")
+    with pytest.raises(ValueError, match="COUNTxGPUS"):
+        Cluster.parse("sixteen")
+
+
+@pytest.mark.parametrize("policy", [TiresiasPolicy, lambda: PolluxPolicy(seed=3, population=16, generations=4)])
+def test_invariants_hold_on_a_real_workload(data, workload, policy):
+    specs = load_workload(workload, limit=25)
+    result = simulate(specs, policy(), Cluster.parse("8x4"), Applications(data), SimConfig(check=True))
+    assert len(result.jobs) == 25 and all(j["completion"] > j["arrival"] for j in result.jobs)
+    assert max(result.timeline["gpus"]) <= 32
+    summary = summarize(result, 32)
+    assert summary["p50_jct"] <= summary["p99_jct"] and 0 < summary["gpu_util"] <= 1
+
+
+class Greedy(Policy):
+    name = "greedy"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {j.name: (0,) * j.spec.num_gpus for j in jobs}  # everything on node 0
+
+
+class Idle(Policy):
+    name = "idle"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {}
+
+
+def test_overallocation_is_caught():
+    jobs = [JobSpec("a", 0, 2, duration=100), JobSpec("b", 0, 2, duration=100)]
+    with pytest.raises(InvariantError, match="node 0 has 4 GPUs allocated of 2"):
+        simulate(jobs, Greedy(), Cluster.parse("2x2"), None)
+
+
+def test_a_policy_that_never_runs_a_job_is_caught():
+    with pytest.raises(InvariantError, match="would never finish"):
+        simulate([JobSpec("a", 0, 1, duration=100)], Idle(), Cluster.parse("1x1"), None)
+
+
+def test_job_larger_than_the_cluster_is_refused():
+    with pytest.raises(ValueError, match="more GPUs than the cluster"):
+        simulate([JobSpec("a", 0, 8, duration=100)], Idle(), Cluster.parse("1x4"), None)
+    with pytest.raises(ValueError, match="of one type"):
+        simulate([JobSpec("a", 0, 6, duration=100)], Idle(), Cluster.parse("1x4:t4,1x4:v100"), None)
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    simulate_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["simulate", *argv])
+
+
+def test_same_seed_same_json(workload, tmp_path):
+    outs = []
+    for run in ("a", "b"):
+        args = parse("--workload", str(workload), "--policy", "pollux", "--seed", "7", "--limit", "12",
+                     "--out", str(tmp_path / run), "--no-progress")
+        assert simulate_cli.main(args) == 0
+        outs.append((tmp_path / run / "workload-6-pollux.json").read_text())
+    assert outs[0] == outs[1]
+
+
+def test_cli_end_to_end_all_policies(workload, tmp_path, capsys):
+    args = parse("--workload", str(workload), "--policy", "all", "--limit", "10", "--cluster", "4x4",
+                 "--out", str(tmp_path), "--no-progress")
+    simulate_cli.main(args)
+    table = capsys.readouterr().out
+    for name in simulate_cli.POLICIES:
+        assert name in table
+        record = json.loads((tmp_path / f"workload-6-{name}.json").read_text())
+        assert record["summary"]["jobs"] == 10 and record["cluster"] == "4x4"
+    for figure in ("jct-cdf", "gpus", "summary"):
+        assert (tmp_path / f"workload-6-all-{figure}.png").stat().st_size > 0
+    assert (tmp_path / "workload-6-pollux-gantt.png").exists()
+
+
+def test_trace_jobs_need_a_non_elastic_policy():
+    with pytest.raises(ValueError, match="use fifo, fifo-serial or tiresias"):
+        simulate([JobSpec("a", 0, 1, duration=100)], PolluxPolicy(), Cluster.parse("1x4"), None)
