@@ -138,6 +138,7 @@ class ElasticMember:
         return self._join(ddp, optimizer, scheduler)
 
     def _join(self, ddp, optimizer, scheduler) -> Position:
+        self._withdraw_if_asked()  # SIGTERM while it prepared: never registers
         self._wait_for("job_state")  # published by rank 0 at its first step boundary
         differences = state.kind_differences(json.loads(self.store.get("job_state")),
                                              state.job_kind(ddp, optimizer, scheduler))
@@ -165,11 +166,14 @@ class ElasticMember:
     def _wait_for(self, key: str) -> None:
         """Wait for `key` in the job store; a SIGTERM meanwhile withdraws this joiner (it exits)."""
         while not self.store.check([key]):
-            if self._terminated:
-                self.store.set(f"lost/{self.id}", "withdrew")
-                log.warning("%s withdrew before it joined the job", self.id)
-                raise SystemExit(0)
+            self._withdraw_if_asked()
             time.sleep(0.05)
+
+    def _withdraw_if_asked(self) -> None:
+        if self._terminated:
+            self.store.set(f"lost/{self.id}", "withdrew")
+            log.warning("%s withdrew before it joined the job", self.id)
+            raise SystemExit(0)
 
     # -- the step boundary --------------------------------------------------------------
     def step_boundary(self, ddp, optimizer, scheduler, position: Position, block: bool = False,

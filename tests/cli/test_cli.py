@@ -62,6 +62,8 @@ def test_demo_and_run_argument_errors(args, message):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_short_demo_is_bitwise_identical_and_plots(tmp_path):
     out = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "demo", "--epochs", "2", "--schedule", "1,2|2",
                           "--freeze", "0.3", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
@@ -72,6 +74,8 @@ def test_short_demo_is_bitwise_identical_and_plots(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_demo_on_mixed_speed_processes_reports_the_splits_and_the_bits(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to give processes different speeds")

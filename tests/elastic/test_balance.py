@@ -11,6 +11,8 @@ from easyscale_ext.elastic import Balancer
 from easyscale_ext.placement import optimal_split, step_time, waste
 from support.jobs import OLDER, needs_older, run_elastic, run_job
 
+pytestmark = pytest.mark.multiprocess  # each case starts real processes
+
 
 def brute_force(n, speeds):
     splits = (c for c in itertools.product(range(1, n + 1), repeat=len(speeds)) if sum(c) == n)

@@ -5,7 +5,7 @@ restart on other process counts, torchrun restarting after kill -9, and the
 checkpoint file's failure modes.
 """
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +16,9 @@ import torch
 
 import easyscale_ext as es
 from easyscale_ext.elastic import CheckpointError, Checkpointer, Position
-from support.jobs import reference, run_elastic, run_job, run_torchrun
+from support.jobs import kill_tree, reference, run_elastic, run_job, run_torchrun
+
+pytestmark = pytest.mark.multiprocess  # each case starts real processes
 
 SCHEDULE = [1, 2, 4, 3, 1]  # processes over the run's segments
 
@@ -142,6 +144,20 @@ def test_checkpoint_errors_are_clear_and_lose_nothing(tmp_path):
     assert open(good, "rb").read() == blob  # the good checkpoint was never touched
 
 
+@pytest.mark.parametrize("setting,value,message", [
+    ("determinism_level", "D1", "written at determinism D0, this job runs D1"),
+    ("isa", "AVX", "held to None, this job is held to AVX"),
+    ("broadcast_buffers", False, "written with broadcast_buffers=True"),
+])
+def test_a_checkpoint_of_another_setting_is_refused(tmp_path, setting, value, message):
+    ddp, opt = make_job()
+    Checkpointer(str(tmp_path), ddp, opt).save(Position(0, 0, 0))
+    again, opt2 = make_job()
+    setattr(again, setting, value)  # as a job built with that setting (without changing this process's kernels)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        Checkpointer(str(tmp_path), again, opt2).resume()
+
+
 def test_resume_falls_back_past_an_unreadable_newest_checkpoint(tmp_path, caplog):
     ddp, opt = make_job()
     train_step(ddp, opt)
@@ -197,9 +213,10 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     tests = os.path.dirname(os.path.abspath(__file__))
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER.format(tests=tests, folder=str(tmp_path))],
                              stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "writing"  # step 2's bytes are out, not yet durable
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    try:
+        assert child.stdout.readline().strip() == "writing"  # step 2's bytes are out, not yet durable
+    finally:
+        kill_tree(child)
     ddp, opt = make_job()
     ckpt = Checkpointer(str(tmp_path), ddp, opt)
     assert [os.path.basename(p) for p in ckpt.paths()] == ["step-0000000001.ckpt"]

@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from support.jobs import reference, run_elastic, run_job
 
+pytestmark = pytest.mark.multiprocess  # each case starts real processes
+
 
 @pytest.mark.parametrize("leaver", ["w1", "w0"])  # a member, and rank 0 (the next survivor coordinates)
 def test_sigterm_makes_that_process_leave_in_place_bitwise(leaver, tmp_path):
@@ -23,6 +25,23 @@ def test_sigterm_makes_that_process_leave_in_place_bitwise(leaver, tmp_path):
     run_job("easyscale", procs=2, n=4, log_samples=fixed)
     lines = samples.read_text().splitlines()  # exactly-once data across the departure
     assert len(lines) == len(set(lines)) and sorted(lines) == sorted(fixed.read_text().splitlines())
+
+
+def test_a_second_sigterm_terminates_at_once_and_the_others_recover_bitwise(tmp_path):
+    faults = tmp_path / "faults"
+    assert run_elastic(3, "", n=4, sigterm_at="w1:2", sigterm_twice=1, log_faults=faults) == reference(n=4)
+    lines = faults.read_text().splitlines()
+    assert sum(line.startswith("signal w1 SIGTERM") for line in lines) == 2
+    assert not any(line.startswith("exit w1") for line in lines)  # ended by the signal, not by leaving
+
+
+def test_a_joiner_sent_sigterm_before_admission_withdraws_and_is_replaced(tmp_path):
+    # SIGTERM while it prepares: it withdraws (exit 0, never admitted) and a replacement joins; had SIGTERM
+    # killed it, the launcher would count a failed joiner and start none; had it been admitted, it would leave.
+    events = tmp_path / "events"
+    assert run_elastic(2, "2:3", n=4, kill9_at="w2:0:start-term", log_events=events) == reference(n=4)
+    joined = [e for e in _events(events) if e[1] < e[2]]
+    assert [e[1:3] for e in joined][-1] == (2, 3) and not any(e[1] > e[2] for e in _events(events))
 
 
 def test_when_every_process_leaves_the_job_checkpoints_and_resumes_bitwise(tmp_path):

@@ -12,6 +12,8 @@ from easyscale_ext.runtime.freeze import FreezeDecision, GradientNormFreezer
 from support.jobs import run_elastic, run_job
 from support.train_job import ConvNet
 
+pytestmark = pytest.mark.multiprocess  # each case starts real processes
+
 # A tight threshold: the CNN's layers freeze within 12 steps (two decisions, at different steps).
 FREEZE = dict(n=4, steps=6, freeze=0.1)
 
@@ -122,3 +124,25 @@ def test_checkpoint_of_a_freezing_job_needs_a_freezer(tmp_path):
     plain = es.EasyScaleDDP(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), virtual_world_size=2)
     with pytest.raises(CheckpointError, match="froze layers but this one has no freezer"):
         Checkpointer(str(tmp_path), plain, torch.optim.SGD(plain.parameters(), lr=0.1)).resume()
+
+
+def test_a_frozen_layer_keeps_its_bytes_and_grad_none_under_a_momentum_optimizer():
+    # Zeros instead of None would still move it (momentum, weight decay): the optimizer must skip it.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    ddp = es.EasyScaleDDP(model, virtual_world_size=2, freezer=Toy([0, 1, 1, 1, 1, 1], max_frozen_fraction=0.5))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    first = list(model[0].parameters())
+    for step in range(6):
+        if step == 2:  # frozen after the second step's decision
+            assert ddp.freezer.frozen == 1
+            kept = [p.detach().clone() for p in first] + [opt.state[p]["momentum_buffer"].clone() for p in first]
+            last = model[2].weight.detach().clone()
+        for x in ddp.workers([(v, torch.randn(3, 4)) for v in ddp.local_ranks]):
+            ddp(x).square().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # zeros where a gradient exists: frozen ones must stay None
+    assert all(p.grad is None and not p.requires_grad for p in first)
+    now = [p.detach() for p in first] + [opt.state[p]["momentum_buffer"] for p in first]
+    assert all(a.view(torch.int32).equal(b.view(torch.int32)) for a, b in zip(now, kept))
+    assert not torch.equal(model[2].weight, last)  # the layers after it trained on

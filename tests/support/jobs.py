@@ -1,6 +1,7 @@
 """Runs tests/train_job.py as real processes on localhost and returns rank 0's state hash."""
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,37 @@ def _flags(options) -> List[str]:
     return out
 
 
+def descendants(pid: int) -> List[int]:
+    """Every process below `pid` (from /proc), including those in sessions of their own (torchrun's workers)."""
+    children: Dict[int, List[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill `proc` and everything it started, whatever happened to the test (call in a finally). One that
+    has exited is left alone: its pid may be another process's by now."""
+    if proc.poll() is not None:
+        return
+    for pid in descendants(proc.pid) + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
+    proc.wait()
+
+
 def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str]]] = None, timeout: int = 240,
             **options) -> str:
     with tempfile.TemporaryDirectory() as tmp:
@@ -27,20 +59,18 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
         args = [sys.executable, JOB, "--mode", mode, "--procs", str(procs), "--out", out,
                 "--init", "file://" + os.path.join(tmp, "rendezvous")]
         args += _flags(options)
-        children = []
-        for rank in range(procs):
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            env.update((env_per_rank or [{}] * procs)[rank])
-            children.append(subprocess.Popen(args + ["--rank", str(rank)], env=env, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True))
-        logs = []
-        for child in children:
-            try:
+        children, logs = [], []
+        try:
+            for rank in range(procs):
+                env = dict(os.environ, OMP_NUM_THREADS="1")
+                env.update((env_per_rank or [{}] * procs)[rank])
+                children.append(subprocess.Popen(args + ["--rank", str(rank)], env=env, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.STDOUT, text=True))
+            for child in children:
                 logs.append(child.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                for c in children:
-                    c.kill()
-                raise
+        finally:
+            for child in children:
+                kill_tree(child)
         failed = [(i, c.returncode) for i, c in enumerate(children) if c.returncode != 0]
         if failed:
             raise RuntimeError(f"{mode} job failed {failed}:\n" + "\n".join(logs))
@@ -79,12 +109,16 @@ def run_torchrun(procs: int, port: int, timeout: int = 300, **options):
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "3",
                 "--monitor-interval", "0.2", JOB, "--mode", "easyscale", "--torchrun", "1", "--out", out]
         args += _flags(options)
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-        if done.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"torchrun job failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        agent = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
+        try:
+            stdout, stderr = agent.communicate(timeout=timeout)
+        finally:
+            kill_tree(agent)  # the agent's workers run in sessions of their own
+        if agent.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"torchrun job failed ({agent.returncode}):\n{stdout}\n{stderr}")
         with open(out) as f:
-            return f.read(), done.stderr
+            return f.read(), stderr
 
 
 @functools.lru_cache(maxsize=None)

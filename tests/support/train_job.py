@@ -299,6 +299,8 @@ def run_easyscale(args, model, data, opt):
             connect(os.environ[STORE_ENV]).wait([f"ready/{member.id}"])  # a connection of its own
             signal_self(signal.SIGKILL if kills[member.id][1] == "ready" else signal.SIGTERM, "ready", 0)
         threading.Thread(target=kill_when_ready, daemon=True).start()
+    if member is not None and kills.get(member.id) == (0, "start-term"):  # SIGTERM while it prepared
+        signal_self(signal.SIGTERM, "start", 0)
     if member is not None and args.old_recipe:  # as the README had it before start(): join, then boundaries
         if member.joining:
             position = member.join(ddp, opt, sched if args.join_scheduler else None)
@@ -367,6 +369,8 @@ def run_easyscale(args, model, data, opt):
                     killed_here(step, "boundary")
                     if sigterms.get(member.id) == step:  # a real signal, mid-run, as a cluster manager sends
                         signal_self(signal.SIGTERM, "boundary", step)
+                        if args.sigterm_twice:  # an impatient one: the second terminates at once
+                            signal_self(signal.SIGTERM, "boundary", step)
                     if step in schedule and ddp.rank == 0:
                         member.store.set("target", str(schedule[step]))
                     if step == args.split_at and ddp.rank == 0:
@@ -447,6 +451,7 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--sigterm-twice", type=int, default=0, help="send --sigterm-at's signal twice")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
     ap.add_argument("--liveness", type=float, default=5.0, help="ElasticMember's liveness_s (its default)")
     ap.add_argument("--kill9-at", default="", help="WORKER:STEP:WHERE,...: that process SIGKILLs itself in that "
