@@ -78,6 +78,13 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
             return f.read()
 
 
+def buffer_hashes(mode: str, procs: int, **options) -> List[str]:
+    """Each process's own buffers after a run_job run, by rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_job(mode, procs, buffers_out=os.path.join(tmp, "buffers"), **options)
+        return [open(os.path.join(tmp, f"buffers.{rank}")).read() for rank in range(procs)]
+
+
 def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_per_process=None, stops=False,
                 **options) -> str:
     """An in-place scaling run under easyscale_ext.launcher; returns the final rank 0's hash ("" if `stops`:

@@ -451,6 +451,7 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--buffers-out", default="", help="PREFIX: each process writes its buffers' hash to PREFIX.RANK")
     ap.add_argument("--sigterm-twice", type=int, default=0, help="send --sigterm-at's signal twice")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
     ap.add_argument("--liveness", type=float, default=5.0, help="ElasticMember's liveness_s (its default)")
@@ -495,6 +496,9 @@ def main():
     if finished and rank == 0:
         with open(args.out, "w") as f:
             f.write(state_hash(model, opt))
+    if finished and args.buffers_out:  # every process's own buffers (BatchNorm's running statistics)
+        with open(f"{args.buffers_out}.{rank}", "w") as f:
+            f.write(hashlib.sha256(b"".join(b.detach().cpu().numpy().tobytes() for b in model.buffers())).hexdigest())
     if finished and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
