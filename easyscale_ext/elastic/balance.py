@@ -32,9 +32,11 @@ class Balancer:
             raise ValueError("need interval >= 1, patience >= 1 and 0 <= threshold < 1")
         self.interval, self.threshold, self.patience = interval, threshold, patience
         self.streak = 0
+        self.evaluations = 0  # proposals considered, acted on or not
         self.log: List[Rebalance] = []
 
     def propose(self, step: int, sizes: Sequence[int], seconds_per_worker: Sequence[float]) -> Optional[List[int]]:
+        self.evaluations += 1
         speeds = [1.0 / s for s in seconds_per_worker]
         best = optimal_split(sum(sizes), speeds)
         before, after = step_time(sizes, speeds), step_time(best, speeds)

@@ -102,10 +102,13 @@ def test_split_change_across_instruction_sets_under_d2_keeps_the_bits(tmp_path):
 
 def test_equal_speeds_rebalance_at_most_once(tmp_path):
     first, second = two_cores()
-    events = tmp_path / "events"
-    run_elastic(2, "", cpus=[first, second], balance=1, log_events=events, **dict(WORK, n=4, batch=64))
+    events, balance = tmp_path / "events", tmp_path / "balance"
+    run_elastic(2, "", cpus=[first, second], balance=1, log_events=events, log_balance=balance,
+                **dict(WORK, n=4, batch=64))
     steps = {line.split()[0] for line in events.read_text().splitlines()} if events.exists() else set()
     assert len(steps) <= 1  # every process logs each event it lives through
+    evaluations, rebalances = map(int, balance.read_text().split())
+    assert evaluations >= 4 and rebalances == len(steps)  # it looked at every step, and acted at most once
 
 
 def test_a_checkpoint_keeps_the_split_and_resumes_with_it_bitwise(tmp_path):

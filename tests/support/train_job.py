@@ -382,6 +382,9 @@ def run_easyscale(args, model, data, opt):
                     log_freezing(args, ddp)
                     return True
         log_freezing(args, ddp)
+        if args.log_balance and member is not None and ddp.rank == 0:  # rank 0's Balancer decided
+            with open(args.log_balance, "w") as f:
+                f.write(f"{member.balancer.evaluations} {len(member.balancer.log)}\n")
         return True
 
     while True:
@@ -451,6 +454,7 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--log-balance", default="", help="FILE: rank 0's balancer evaluations and rebalances")
     ap.add_argument("--buffers-out", default="", help="PREFIX: each process writes its buffers' hash to PREFIX.RANK")
     ap.add_argument("--sigterm-twice", type=int, default=0, help="send --sigterm-at's signal twice")
     ap.add_argument("--sigterm-at", default="", help="WORKER:STEP,...: that process SIGTERMs itself at that step")
