@@ -16,7 +16,8 @@ autograd callback finishes the step after backward, as DDP's Reducer does.
 
 One file of about 500 lines, as c10d's Reducer is one: the step is a single state machine (placement,
 switching workers in and out, finishing the step, contexts for scale events) whose fields every part
-reads; split, a reader would follow it across files.
+reads; split, a reader would follow it across files. What DDP offers beyond the step (its module checks,
+pickling and deepcopy, its logging data) is the mixin in ddp_parity.py.
 """
 import collections
 import contextlib
@@ -39,6 +40,7 @@ from . import determinism, rng
 from .._C import ContextStore
 from ..placement import even_ranges
 from .loader import VirtualDataLoader
+from .ddp_parity import DDPLogging, DDPParity, backend_info, check_module
 from .freeze import Freezer
 from .reducer import CanonicalReducer
 
@@ -47,7 +49,7 @@ _OPEN_STEP = ("the last step is still open: its `for batch in ddp.workers(...)` 
               "(a break, or zip() stopping early), so its gradients were never reduced; iterate it to completion")
 
 
-class EasyScaleDDP(nn.Module):
+class EasyScaleDDP(DDPParity, nn.Module):
     def __init__(self, module: nn.Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, init_sync: bool = True, process_group=None,
                  bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,
@@ -64,6 +66,7 @@ class EasyScaleDDP(nn.Module):
                 raise ValueError(f"EasyScaleDDP does not support {name}; leave it unset")
         if device_ids is not None and len(device_ids) != 1:
             raise ValueError("device_ids must list exactly one device (one process per device), as in DDP")
+        check_module(module)  # DDP's checks, before any collective
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
@@ -83,6 +86,7 @@ class EasyScaleDDP(nn.Module):
             raise ValueError(f"virtual_world_size must be >= 1, got {virtual_world_size}")
         self.world_size = virtual_world_size
         self.num_threads = num_threads
+        self._context_capacity_bytes = context_capacity_bytes
         self._trainable = [p for p in module.parameters() if p.requires_grad]
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self.freezer = freezer
@@ -95,15 +99,8 @@ class EasyScaleDDP(nn.Module):
         determinism.apply(self.determinism_level, num_threads, self._cuda, self.isa)
         if distributed and init_sync:
             self.broadcast_state(src=0)
-        self.store = ContextStore(context_capacity_bytes, torch.get_num_threads())
         self._location = "pinned" if self._cuda else "host"
-        # Every virtual worker starts from the process's RNG, as every DDP rank starts from one seed.
-        self._resident = self.local_ranks[0]
-        if len(self.local_ranks) > 1:
-            for v in self.local_ranks[1:]:
-                self._save(v, "rng", rng.capture(self._rng_device))
-                if not broadcast_buffers and self._module_buffers():
-                    self._save(v, "buffers", self._module_buffers())
+        self._open_store(None)
         # Local workers with gradients kept under no_sync(): in their contexts, or in p.grad for a process's
         # only worker (as a DDP rank keeps them; its exported context carries them too).
         self._accumulating = set()
@@ -118,8 +115,23 @@ class EasyScaleDDP(nn.Module):
         # exchange can complete anywhere (ElasticMember replicates them there to survive a dead process).
         self.on_step_contexts: Optional[Callable[[Dict[int, bytes]], None]] = None
         self.synced_steps = 0  # steps whose reduced gradients this process has handed to the caller
+        self._log = DDPLogging(self)
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def _open_store(self, contexts: Optional[Dict[int, bytes]]) -> None:
+        """A context store holding the given contexts of local workers (an unpickled copy's), or fresh
+        ones: every virtual worker starts from the process's RNG, as every DDP rank starts from one seed."""
+        self.store = ContextStore(self._context_capacity_bytes, torch.get_num_threads())
+        self._resident = self.local_ranks[0]
+        if contexts is not None:
+            for data in contexts.values():
+                self.store.deserialize(data, self.device.index if self._cuda else -1)
+            return
+        for v in self.local_ranks[1:]:
+            self._save(v, "rng", rng.capture(self._rng_device))
+            if not self.broadcast_buffers and self._module_buffers():
+                self._save(v, "buffers", self._module_buffers())
 
     # -- setup -----------------------------------------------------------------
     @property
@@ -160,16 +172,17 @@ class EasyScaleDDP(nn.Module):
                    freezing, [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
         self.ranges = self._agree(setting, mine, procs)
         self.local_ranks = list(range(*self.ranges[self.rank]))
+        self._backend_info = backend_info(process_group)
         if len(self.local_ranks) > 1 and any(isinstance(m, nn.SyncBatchNorm) for m in self.module.modules()):
             raise ValueError("SyncBatchNorm cannot run several virtual workers in one process (its statistics "
                              "would mix workers): use plain BatchNorm layers, or one virtual worker per process")
         self._plan()
 
-    def _plan(self) -> None:
+    def _plan(self, params: Optional[List[nn.Parameter]] = None) -> None:
         """Plan the gradient reduction for this placement, over the parameters the freezer has not
-        frozen. A frozen parameter gets no gradient (backward stops before the frozen prefix), is not
-        exchanged, and keeps grad None so optimizers skip it; every process freezes at the same step."""
-        self.params = self._active_params()
+        frozen (or `params`). A frozen parameter gets no gradient (backward stops before the frozen prefix),
+        is not exchanged, and keeps grad None so optimizers skip it; every process freezes at the same step."""
+        self.params = self._active_params() if params is None else params
         kept = {id(p) for p in self.params}
         for p in self._trainable:
             if id(p) not in kept:
@@ -274,6 +287,7 @@ class EasyScaleDDP(nn.Module):
             raise RuntimeError(_OPEN_STEP)
         self._in_step = True
         self._folded = 0
+        self._log.step_begins(self)
         if self._freeze_pending:
             self._plan()
         if len(self.local_ranks) > 1 and self.broadcast_buffers and self._module_buffers():
@@ -297,8 +311,10 @@ class EasyScaleDDP(nn.Module):
         if self._sync and v == self.local_ranks[-1]:  # exchange buckets during its backward
             self.reducer.overlap_next_backward(self._folded, self._param_names, self.process_group)
         self._current = v
+        self._log.worker_begins()
 
     def _switch_out(self, v: int) -> None:
+        self._log.backward_ends()
         many = len(self.local_ranks) > 1
         if many:
             self._save(v, "rng", rng.capture(self._rng_device))
@@ -319,7 +335,9 @@ class EasyScaleDDP(nn.Module):
         if self._sync:
             if self.on_step_contexts is not None:
                 self.on_step_contexts(self._contexts())
+            self._log.exchange_begins()
             self.reducer.finish(self.process_group, self.gradient_as_bucket_view)
+            self._log.exchange_ends(self)
             if self.freezer is not None:
                 self._freeze_pending = self.freezer.after_step(*self._reduced_by_layer)
         buffers = self._module_buffers()
@@ -462,10 +480,18 @@ class EasyScaleDDP(nn.Module):
             self._begin_step()
             self._switch_in(self.local_ranks[0])
             self._implicit = True
-        return self.module(*inputs, **kwargs)
+        timed = self._log.sampled and self._current is not None
+        if timed:
+            self._log.forward_begins()
+        out = self.module(*inputs, **kwargs)
+        if timed:
+            self._log.forward_ends()
+        return out
 
     def _on_grad_ready(self, param) -> None:
         self.reducer.grad_ready(param)
+        if self._log.sampled:
+            self._log.grad_ready(param, bool(self.reducer._exchanges))
         if self._implicit and not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_implicit)
