@@ -36,6 +36,7 @@ def run(member, train_step: Callable[[Step], None], ddp, optimizer, loader, epoc
         raise ValueError(f"need accumulate >= 1 and checkpoint_every >= 0, got {accumulate} and {checkpoint_every}")
     if position is None and checkpointer is not None and not member.joining:
         position = checkpointer.resume()
+    member.total_steps = epochs * len(loader)
     position = member.start(ddp, optimizer, scheduler, position)
     loader.reassign(ddp.local_ranks)  # a joiner's share, or a checkpoint's uneven split
 

@@ -78,6 +78,7 @@ class ElasticMember:
         self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
         self._replicated: Optional[Position] = None  # where the store's newest copy of this process's contexts is
         self._published = False  # the job state joiners are checked against
+        self.total_steps: Optional[int] = None  # the run's length, where known (run() sets it): for a scheduler
         self._terminated = False
         signals.on_sigterm(self._leave_on_sigterm)
         if not self.joining:
@@ -197,6 +198,10 @@ class ElasticMember:
             if not self._published:
                 self.store.set("job_state", json.dumps(state.job_kind(ddp, optimizer, scheduler)))
                 self._published = True
+            # What a scheduler reads: how far the job is, on how many processes (one small write a step).
+            self.store.set("progress", json.dumps({"step": position.step, "epoch": position.epoch,
+                                                   "total": self.total_steps, "procs": len(self.members),
+                                                   "time": time.time()}))
             decision[0] = self.scaling.next_members(ddp.world_size, block)
             if decision[0] is None and proposal is not None:
                 decision[0] = self.members  # the same processes, another split

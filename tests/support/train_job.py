@@ -354,6 +354,7 @@ def run_easyscale(args, model, data, opt):
                     if sched is not None:
                         sched.step()
                 step += 1
+                time.sleep(args.step_sleep)  # device time, emulated: it changes no bit
                 here = Position(step, epoch, loader.next_step)
                 if times:
                     times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
@@ -454,6 +455,7 @@ def main():
     ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to every step")
     ap.add_argument("--log-balance", default="", help="FILE: rank 0's balancer evaluations and rebalances")
     ap.add_argument("--buffers-out", default="", help="PREFIX: each process writes its buffers' hash to PREFIX.RANK")
     ap.add_argument("--sigterm-twice", type=int, default=0, help="send --sigterm-at's signal twice")

@@ -1,0 +1,164 @@
+"""A job's supervisor: a Ray actor on the head node that hosts the job's store (so no worker's death takes
+it down), starts the job's processes on the slots the scheduler gives it, and changes them in place.
+
+The scheduler says which slots the job should hold (`place`); the supervisor gets there without a restart:
+a slot it lacks gets a joiner (it prepares while the job trains, then joins at a step boundary), a slot it
+should leave has its process released by name (it leaves at the next boundary; its virtual workers move),
+and a move does both, the joiner first, so the job never drops below its size meanwhile. `split` asks for
+another division of the virtual workers. The supervisor marks a process that exited with an error lost at
+once, as `easyscale run`'s launcher does, so the others recover in place.
+"""
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Dict, List, Optional
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .. import placement
+from . import SLOT
+from .worker import SlotWorker
+
+
+@ray.remote(num_cpus=0)
+class JobSupervisor:
+    def __init__(self, job_id: str, argv: List[str], env: Dict[str, str], log_dir: str, virtual_workers: int):
+        import torch.distributed as dist
+
+        from ..elastic import client
+
+        self.client = client
+        self.job_id, self.argv, self.env, self.log_dir = job_id, list(argv), dict(env), log_dir
+        self.virtual_workers = virtual_workers
+        host = ray.util.get_node_ip_address()  # the cluster's private interface (loopback on one machine)
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+        self.address = f"{host}:{self.store.port}"
+        self.workers: Dict[str, ray.actor.ActorHandle] = {}  # process name -> its slot's actor
+        self.node_of: Dict[str, str] = {}
+        self.exit_codes: Dict[str, int] = {}
+        self.released: set = set()  # members asked to leave
+        self.joiners: set = set()  # processes started to join
+        self.desired: List[str] = []  # node ids, one per process
+        self.spawned = 0
+        self.started = False
+        self.done: Optional[int] = None  # the job's exit code once every process has exited
+        self.lock = threading.Lock()
+        threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
+
+    # -- the scheduler's calls ----------------------------------------------------------------
+    def place(self, nodes: List[str]) -> None:
+        """Hold one process on each of `nodes` (node ids, repeated for several slots of a node)."""
+        if not nodes:
+            raise ValueError("a running job holds at least one slot (to stop it, cancel it)")
+        if len(nodes) > self.virtual_workers:
+            raise ValueError(f"{len(nodes)} slots for a job of {self.virtual_workers} virtual workers")
+        with self.lock:
+            self.desired = list(nodes)
+            if not self.started:
+                first = [self._spawn(node, joining=False, name_only=True) for node in nodes]
+                self.store.set("gen/0/members", json.dumps(first))
+                self.store.set("target", str(len(first)))
+                for name, node in zip(first, nodes):
+                    self._start(name, node, joining=False)
+                self.started = True
+
+    def split(self, sizes: List[int]) -> None:
+        members = self.client.current_members(self.store)
+        if not placement.valid_split(sizes, self.virtual_workers, len(members)):
+            raise ValueError(f"a split of {self.virtual_workers} virtual workers over {len(members)} processes "
+                             f"needs {len(members)} sizes >= 1 summing to {self.virtual_workers}, got {sizes}")
+        self.store.set("split", json.dumps(list(sizes)))
+
+    def cancel(self) -> None:
+        with self.lock:
+            for w in self.workers.values():
+                w.kill.remote()
+
+    # -- what the scheduler and `easyscale status` read ---------------------------------------------
+    def status(self) -> dict:
+        members = self.client.current_members(self.store) if self.started else []
+        progress = json.loads(self.store.get("progress")) if self.store.check(["progress"]) else None
+        return {"address": self.address, "members": members,
+                "nodes": [self.node_of[m] for m in members],
+                "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
+                "progress": progress, "done": self.done}
+
+    def log(self, worker: str, offset: int = 0) -> bytes:
+        return ray.get(self.workers[worker].log.remote(offset))
+
+    def processes(self) -> List[str]:
+        return list(self.workers)
+
+    # -- inside -----------------------------------------------------------------------------------
+    def _spawn(self, node: str, joining: bool, name_only: bool = False) -> str:
+        name = f"w{self.spawned}"
+        self.spawned += 1
+        if not name_only:
+            self._start(name, node, joining)
+        return name
+
+    def _start(self, name: str, node: str, joining: bool) -> None:
+        env = dict(self.env)
+        env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
+                    self.client.JOIN_ENV: "1" if joining else "0"})
+        self.node_of[name] = node
+        if joining:
+            self.joiners.add(name)
+        self.workers[name] = SlotWorker.options(
+            resources={SLOT: 1}, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            name=f"{self.job_id}/{name}", lifetime="detached").remote(
+            [sys.executable] + self.argv, env, os.path.join(self.log_dir, f"{name}.log"))
+
+    def _supervise(self) -> None:
+        while self.done is None:
+            time.sleep(0.2)
+            with self.lock:
+                if self.started:
+                    self._tick()
+
+    def _tick(self) -> None:
+        store = self.store
+        for name, worker in self.workers.items():
+            if name in self.exit_codes:
+                continue
+            code = ray.get(worker.poll.remote())
+            if code is None:
+                continue
+            self.exit_codes[name] = code
+            if code != 0 and not store.check([f"lost/{name}"]):
+                store.set(f"lost/{name}", "exited")  # the others recover at once, in place
+        members = self.client.current_members(store)
+        alive = [w for w in self.workers if w not in self.exit_codes]
+        if all(m in self.exit_codes for m in members):
+            for w in alive:  # joiners nobody will admit
+                ray.get(self.workers[w].kill.remote())
+                self.exit_codes.setdefault(w, -9)
+            codes = [self.exit_codes[m] for m in members] or [0]
+            self.done = next((c for c in codes if c != 0), 0)
+            for w in self.workers.values():  # detached: they go with the job
+                ray.kill(w)
+            return
+        pending = [w for w in alive if w in self.joiners and w not in members and not store.check([f"admit/{w}"])]
+        if any(w in self.joiners and w not in members and code != 0 for w, code in self.exit_codes.items()):
+            return  # a joiner failed: another started the same way would too (its log says why)
+        holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)
+        holding.update(self.node_of[w] for w in pending)
+        wanted = Counter(self.desired)
+        for node, count in (wanted - holding).items():  # grow first: a move never drops below the job's size
+            for _ in range(count):
+                pending.append(self._spawn(node, joining=True))
+        if pending:
+            store.set("target", str(len(members) + len(pending)))
+            return
+        for node, count in (holding - wanted).items():  # then shrink: release the processes on slots to leave
+            leaving = [m for m in reversed(members) if self.node_of[m] == node and m not in self.released]
+            for m in leaving[:count]:
+                self.released.add(m)
+                self.client.release(store, m)
+
+

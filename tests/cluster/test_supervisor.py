@@ -1,0 +1,41 @@
+"""A job's supervisor changes the job's slots in place, across nodes, and not a bit of the result."""
+import os
+import sys
+import time
+
+import pytest
+import ray
+
+from easyscale_ext.cluster.supervisor import JobSupervisor
+from support.jobs import JOB, run_job
+
+pytestmark = pytest.mark.multiprocess
+JOB_ARGS = dict(n=4, steps=8, epochs=2)  # 16 steps
+
+
+def wait(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout} s")
+        time.sleep(0.2)
+
+
+def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cluster, tmp_path):
+    a, b = cluster.node_ids()
+    out, events = tmp_path / "hash", tmp_path / "events"
+    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--log-events", str(events),
+            "--virtual-workers", "4", "--steps", "8", "--epochs", "2", "--step-sleep", "0.5"]
+    supervisor = JobSupervisor.options(resources={"easyscale_head": 0.01}).remote(
+        "job-test", argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
+    status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
+    ray.get(supervisor.place.remote([a]))
+    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
+    wait(lambda: sorted(status()["nodes"]) == sorted([a, b]) or status()["done"] is not None, "growth")
+    ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
+    wait(lambda: status()["done"] is not None, "the end")
+    assert status()["done"] == 0
+    seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
+    assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
+    assert out.read_text() == run_job("reference", **JOB_ARGS)
