@@ -223,3 +223,10 @@ def test_cuda_one_process_matches_cuda_reference(model):
 def test_cuda_nccl_two_processes_match_reference():
     ref = run_job("reference", n=4, device="cuda", level="D1", env_per_rank=[D1])
     assert run_job("easyscale", procs=2, n=4, device="cuda", level="D1", env_per_rank=[D1, D1]) == ref
+
+
+@pytest.mark.parametrize("argument", ["mixed_precision", "device_mesh", "delay_all_reduce_named_params",
+                                      "param_to_hook_all_reduce"])
+def test_arguments_it_cannot_honour_are_refused(argument):
+    with pytest.raises(ValueError, match=f"does not support {argument}; leave it unset"):
+        es.EasyScaleDDP(nn.Linear(2, 2), virtual_world_size=1, **{argument: object()})
