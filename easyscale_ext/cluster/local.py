@@ -42,7 +42,7 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "node_ip_address": HOST, "include_dashboard": False, "resources": {"easyscale_head": 1}})
+            "num_cpus": 1, "node_ip_address": HOST, "include_dashboard": False})
         self.nodes = [self.cluster.add_node(num_cpus=cpus_per_node, node_ip_address=HOST, resources={SLOT: slots})
                       for _ in range(nodes)]
         ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)

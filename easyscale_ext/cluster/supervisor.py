@@ -9,6 +9,7 @@ another division of the virtual workers. The supervisor marks a process that exi
 once, as `easyscale run`'s launcher does, so the others recover in place.
 """
 import json
+import logging
 import os
 import sys
 import threading
@@ -23,6 +24,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import placement
 from . import SLOT
 from .worker import SlotWorker
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -86,7 +89,7 @@ class JobSupervisor:
         return {"address": self.address, "members": members,
                 "nodes": [self.node_of[m] for m in members],
                 "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
-                "progress": progress, "done": self.done}
+                "progress": progress, "exited": dict(self.exit_codes), "done": self.done}
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         return ray.get(self.workers[worker].log.remote(offset))
@@ -118,15 +121,18 @@ class JobSupervisor:
         while self.done is None:
             time.sleep(0.2)
             with self.lock:
-                if self.started:
-                    self._tick()
+                try:
+                    if self.started:
+                        self._tick()
+                except Exception:  # logged; the next tick looks again (a dead monitor would hang the job)
+                    log.exception("%s: supervising failed", self.job_id)
 
     def _tick(self) -> None:
         store = self.store
-        for name, worker in self.workers.items():
-            if name in self.exit_codes:
-                continue
-            code = ray.get(worker.poll.remote())
+        polls = {w.poll.remote(): name for name, w in self.workers.items() if name not in self.exit_codes}
+        answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=1.0)  # one not placed yet waits
+        for ref in answered:
+            name, code = polls[ref], ray.get(ref)
             if code is None:
                 continue
             self.exit_codes[name] = code
@@ -143,6 +149,8 @@ class JobSupervisor:
             for w in self.workers.values():  # detached: they go with the job
                 ray.kill(w)
             return
+        if any(m in self.exit_codes for m in members):
+            return  # ending, or recovering from a lost process: act on the generation that follows
         pending = [w for w in alive if w in self.joiners and w not in members and not store.check([f"admit/{w}"])]
         if any(w in self.joiners and w not in members and code != 0 for w, code in self.exit_codes.items()):
             return  # a joiner failed: another started the same way would too (its log says why)

@@ -5,6 +5,7 @@ import time
 
 import pytest
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from easyscale_ext.cluster.supervisor import JobSupervisor
 from support.jobs import JOB, run_job
@@ -26,7 +27,8 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     out, events = tmp_path / "hash", tmp_path / "events"
     argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--log-events", str(events),
             "--virtual-workers", "4", "--steps", "8", "--epochs", "2", "--step-sleep", "0.5"]
-    supervisor = JobSupervisor.options(resources={"easyscale_head": 0.01}).remote(
+    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)).remote(
         "job-test", argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
     status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
     ray.get(supervisor.place.remote([a]))

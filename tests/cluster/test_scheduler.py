@@ -1,0 +1,77 @@
+"""The scheduler runs jobs on a two-node cluster with the simulator's policy objects: concurrent submissions
+never share a slot, every job ends with its fixed-size run's bits, and bad input changes nothing."""
+import os
+import sys
+import threading
+import time
+
+import pytest
+import ray
+
+from easyscale_ext.cluster.scheduler import Scheduler
+from support.jobs import JOB, run_job
+
+pytestmark = pytest.mark.multiprocess
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def job_argv(out, n):
+    return [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--virtual-workers", str(n),
+            "--steps", "4", "--step-sleep", "0.3"]
+
+
+@pytest.fixture
+def scheduler(cluster, tmp_path):
+    actor = Scheduler.remote(str(tmp_path / "state"), "fifo", 0.5)
+    yield actor
+    ray.kill(actor)
+
+
+def test_concurrent_submissions_share_no_slot_and_keep_their_bits(cluster, scheduler, tmp_path):
+    specs = [(4, 2), (2, 2), (2, 1)]  # (virtual workers, slots): 5 slots asked of 4
+    ids = [None] * len(specs)
+
+    def submit(i):
+        n, procs = specs[i]
+        ids[i] = ray.get(scheduler.submit.remote(job_argv(tmp_path / f"hash{i}", n), n, 1, procs, f"j{i}", ENV))
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    slots = {n: 2 for n in cluster.node_ids()}
+    deadline = time.monotonic() + 240
+    while True:
+        jobs = ray.get(scheduler.status.remote())
+        held = [node for j in jobs if j["live"] for node in j["live"]["holding"]]
+        assert all(held.count(n) <= slots[n] for n in slots), f"a slot held twice: {held}"
+        if all(j["state"] in ("finished", "failed") for j in jobs):
+            break
+        assert time.monotonic() < deadline, [(j["id"], j["state"], j["live"] and {k: j["live"][k] for k in (
+            "members", "exited", "done", "progress")}) for j in jobs]
+        time.sleep(0.2)
+    assert [j["state"] for j in jobs] == ["finished"] * 3, jobs
+    for i, (n, _) in enumerate(specs):
+        assert (tmp_path / f"hash{i}").read_text() == run_job("reference", n=n, steps=4)
+
+
+@pytest.mark.parametrize("argv,n,min_procs,message", [
+    (["no/such/script.py"], 4, 1, "no training script at 'no/such/script.py'"),
+    ([JOB], 8, 5, "needs at least 5 slots and the cluster has 4"),
+    ([JOB], 2, 3, "need 1 <= min procs (3) <= max procs"),
+])
+def test_a_submission_it_cannot_run_is_refused_and_nothing_is_queued(scheduler, argv, n, min_procs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        try:
+            ray.get(scheduler.submit.remote(argv, n, min_procs))
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause()
+    assert ray.get(scheduler.status.remote()) == []
+
+
+def test_an_unknown_policy_or_job_is_a_clear_error(cluster, scheduler, tmp_path):
+    with pytest.raises(ray.exceptions.RayActorError, match="cannot run on a cluster yet"):
+        ray.get(Scheduler.remote(str(tmp_path / "other"), "pollux").status.remote())
+    with pytest.raises(ray.exceptions.RayTaskError, match="no job 'nope'"):
+        ray.get(scheduler.cancel.remote("nope"))
