@@ -134,3 +134,14 @@ def test_a_request_the_job_can_take_is_sent(job_store):
     out = easyscale("scale", "--store", address, "--split", "6,3,3")
     assert out.returncode == 0, out.stderr
     assert json.loads(store.get("split")) == [6, 3, 3]
+
+
+def test_workload_draws_a_workload_that_simulate_runs(tmp_path):
+    out = easyscale("workload", "--out", str(tmp_path / "w.csv"), "--jobs", "6", "--hours", "0.5", "--seed", "3")
+    assert out.returncode == 0 and "wrote 6 jobs" in out.stdout, out.stderr
+    lines = (tmp_path / "w.csv").read_text().splitlines()
+    assert lines[0].startswith("name,time,application,max_parallelism") and len(lines) == 7
+    again = easyscale("workload", "--out", str(tmp_path / "again.csv"), "--jobs", "6", "--hours", "0.5", "--seed", "3")
+    assert again.returncode == 0 and (tmp_path / "again.csv").read_text() == "\n".join(lines) + "\n"  # seeded
+    run = easyscale("simulate", "--workload", str(tmp_path / "w.csv"), "--policy", "fifo", "--out", str(tmp_path))
+    assert run.returncode == 0 and "fifo" in run.stdout, run.stderr
