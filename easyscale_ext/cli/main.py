@@ -237,9 +237,10 @@ def main(argv=None) -> int:
     p.set_defaults(run=bench)
     p = sub.add_parser("smoke", help="check that the extension loads and its kernels run")
     p.set_defaults(run=smoke)
-    from . import simulate
+    from . import cluster, simulate
 
     simulate.add_parser(sub)
+    cluster.add_parsers(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(format="easyscale: %(message)s",
                         level=logging.WARNING + 10 * (args.quiet - args.verbose))

@@ -101,11 +101,18 @@ class Scheduler:
         return jobs
 
     def log(self, job_id: str, worker: Optional[str] = None, offset: int = 0) -> bytes:
-        supervisor = self.supervisors.get(self._job(job_id)["id"])
-        if supervisor is None:
+        """A process's output from `offset`: through its slot's actor while the job runs, else from the log
+        folder (on the node that ran it; here, where the scheduler's state folder is)."""
+        job = self._job(job_id)
+        supervisor = self.supervisors.get(job_id)
+        if supervisor is not None:
+            return ray.get(supervisor.log.remote(worker or ray.get(supervisor.processes.remote())[0], offset))
+        path = os.path.join(job["log_dir"], f"{worker or 'w0'}.log")
+        if not os.path.exists(path):
             return b""
-        worker = worker or ray.get(supervisor.processes.remote())[0]
-        return ray.get(supervisor.log.remote(worker, offset))
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
 
     def round_seconds(self) -> List[float]:
         return list(self.rounds)

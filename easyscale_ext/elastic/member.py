@@ -106,8 +106,9 @@ class ElasticMember:
         return run(self, train_step, ddp, optimizer, loader, epochs, scheduler, **options)
 
     def close(self) -> None:
-        """End this process's part: destroy its process group, if it still has one (call at the end)."""
-        self.membership.leave_group()
+        """End this process's part: stop its heartbeat, destroy its process group if it still has one (call
+        at the end)."""
+        self.membership.close()
 
     def _leave_on_sigterm(self) -> None:
         log.warning("%s got SIGTERM: leaving at the next step boundary", self.id)

@@ -43,7 +43,10 @@ class Membership:
         self._watch: Optional[Tuple[int, List[str], Dict[int, int]]] = None
         # Connected before any group forms, so that its socket is never taken for one of the group's.
         beat_store = connect(address, timeout_s)
-        threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True, name="easyscale-heartbeat").start()
+        self._closing = threading.Event()
+        self._beating = threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True,
+                                         name="easyscale-heartbeat")
+        self._beating.start()
 
     @property
     def rank(self) -> int:
@@ -71,6 +74,13 @@ class Membership:
             if self.backend == "gloo" else {}
         self._watch = (generation, list(self.members), sockets)
 
+    def close(self) -> None:
+        """Stop the heartbeat (a thread inside the store's client at interpreter exit aborts the process)
+        and leave the group."""
+        self._closing.set()
+        self._beating.join(timeout=2 * self.liveness_s)
+        self.leave_group()
+
     def leave_group(self) -> None:
         self._watch = None
         if dist.is_initialized():
@@ -96,7 +106,7 @@ class Membership:
         process waits in, if any, at once (then recover())."""
         liveness, cut = Liveness(store, self.liveness_s), None
         try:
-            while True:
+            while not self._closing.is_set():
                 store.add(f"beat/{self.id}", 1)
                 watch = self._watch
                 lapsed = [m for m in watch[1] if m != self.id and liveness.stale(m)] if watch else []
@@ -107,7 +117,7 @@ class Membership:
                     log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's connections",
                                 self.id, ", ".join(lapsed), self.liveness_s, cut)
                     _shut_down(watch[2])
-                time.sleep(self.liveness_s / 5)
+                self._closing.wait(self.liveness_s / 5)
         except Exception:  # the store is gone: the job is over
             return
 

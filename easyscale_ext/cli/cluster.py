@@ -1,0 +1,188 @@
+"""Cluster mode's commands: `easyscale cluster start|stop`, `submit`, `status`, `logs`, `cancel`.
+
+`cluster start` without --address starts Ray on this machine (one node on loopback, its slots given by
+--slots) and the scheduler; with --address it joins an existing Ray cluster (`ray start --head` and
+`ray start --address` on the machines, or KubeRay) and starts the scheduler there. The other commands
+reach the scheduler through Ray; the cluster's address and state folder are kept in $EASYSCALE_HOME
+(default ~/.easyscale).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from .main import UsageError
+
+
+def home() -> str:
+    return os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("cluster", help="start or stop cluster mode (Ray) and its scheduler")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    q = verbs.add_parser("start", help="start the scheduler (and, without --address, Ray on this machine)")
+    q.add_argument("--address", help="join this Ray cluster (HOST:PORT of its head) instead of starting one")
+    q.add_argument("--slots", type=int, default=os.cpu_count(),
+                   help="slots of this machine's node when Ray is started here (default: its CPU count)")
+    q.add_argument("--policy", default="fifo", help="the scheduling policy (default fifo)")
+    q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
+    q.set_defaults(run=start)
+    q = verbs.add_parser("stop", help="stop the scheduler (and Ray, if `cluster start` started it)")
+    q.set_defaults(run=stop)
+    p = sub.add_parser("submit", help="run a training script as a job of the cluster; prints its id")
+    p.add_argument("--virtual-workers", type=int, required=True, help="the job's N")
+    p.add_argument("--min-procs", type=int, default=1)
+    p.add_argument("--max-procs", type=int, default=None, help="at most this many slots (default N)")
+    p.add_argument("--name", default=None)
+    p.add_argument("script", nargs="+", help="SCRIPT [ARGS]")
+    p.set_defaults(run=submit)
+    p = sub.add_parser("status", help="the cluster's jobs: state, processes and where, progress")
+    p.add_argument("job", nargs="?")
+    p.set_defaults(run=status)
+    p = sub.add_parser("logs", help="a job's output (of its first process, or --worker)")
+    p.add_argument("job")
+    p.add_argument("--worker", default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(run=logs)
+    p = sub.add_parser("cancel", help="stop a job")
+    p.add_argument("job")
+    p.set_defaults(run=cancel)
+
+
+def _saved() -> dict:
+    path = os.path.join(home(), "cluster.json")
+    if not os.path.exists(path):
+        raise UsageError("no cluster is running: start one with `easyscale cluster start`")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _connect(saved: dict):
+    """This process joined to the cluster's Ray, and the scheduler's handle."""
+    if saved["local"]:
+        from ..cluster.local import use_loopback
+        use_loopback()  # before ray loads
+    import ray
+
+    from ..cluster import NAMESPACE
+
+    try:
+        ray.init(address=saved["address"], namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+        return ray, ray.get_actor("scheduler")
+    except (ConnectionError, ValueError) as e:
+        raise UsageError(f"the cluster at {saved['address']} does not answer ({e}); start it with "
+                         "`easyscale cluster start`")
+
+
+def _call(ray, ref):
+    """A scheduler call's result; its ValueError (bad input) as one line."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.as_instanceof_cause()
+        if isinstance(cause, ValueError):
+            raise UsageError(str(cause).splitlines()[-1].removeprefix("ValueError: "))
+        raise
+
+
+def start(args) -> int:
+    state = home()
+    os.makedirs(state, exist_ok=True)
+    local = args.address is None
+    address = args.address
+    if local:
+        from ..cluster import SLOT
+        from ..cluster.local import HOST, loopback_env
+
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        address = f"{HOST}:{port}"
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
+                                  "--resources", json.dumps({SLOT: args.slots}), "--include-dashboard", "false",
+                                  "--disable-usage-stats"], env=dict(os.environ, **loopback_env()),
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            raise UsageError(f"Ray did not start: {started.stderr.strip().splitlines()[-1:]}")
+    saved = {"address": address, "local": local, "state": os.path.join(state, "state")}
+    with open(os.path.join(state, "cluster.json"), "w") as f:
+        json.dump(saved, f)
+    if local:
+        from ..cluster.local import use_loopback
+        use_loopback()
+    import ray
+
+    from ..cluster import NAMESPACE
+    from ..cluster.scheduler import Scheduler
+
+    ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+    scheduler = Scheduler.options(name="scheduler", lifetime="detached", get_if_exists=True).remote(
+        saved["state"], args.policy, args.round)
+    try:
+        ray.get(scheduler.status.remote())
+    except ray.exceptions.RayActorError as e:
+        raise UsageError(str(e.__cause__ or e).splitlines()[-1])
+    print(f"easyscale: cluster at {address}, scheduler running ({args.policy}, rounds of {args.round:g} s); "
+          "submit jobs with `easyscale submit SCRIPT --virtual-workers N`")
+    return 0
+
+
+def stop(args) -> int:
+    saved = _saved()
+    ray, scheduler = _connect(saved)
+    ray.kill(scheduler)
+    ray.shutdown()
+    if saved["local"]:
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
+                       capture_output=True)
+    os.unlink(os.path.join(home(), "cluster.json"))
+    print("easyscale: cluster stopped")
+    return 0
+
+
+def submit(args) -> int:
+    ray, scheduler = _connect(_saved())
+    script = [os.path.abspath(args.script[0])] + args.script[1:]
+    job = _call(ray, scheduler.submit.remote(script, args.virtual_workers, args.min_procs, args.max_procs,
+                                             args.name, {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}))
+    print(job)
+    return 0
+
+
+def status(args) -> int:
+    ray, scheduler = _connect(_saved())
+    jobs = _call(ray, scheduler.status.remote(args.job))
+    print(f"{'job':<24} {'state':<10} {'processes':<10} {'nodes':<6} {'step':>10}")
+    for job in jobs:
+        live = job["live"] or {}
+        progress = live.get("progress") or {}
+        step = f"{progress.get('step', '')}/{progress.get('total') or '?'}" if progress else ""
+        print(f"{job['id']:<24} {job['state']:<10} {len(live.get('members', [])):<10} "
+              f"{len(set(live.get('nodes', []))):<6} {step:>10}")
+    return 0
+
+
+def logs(args) -> int:
+    ray, scheduler = _connect(_saved())
+    offset = 0
+    while True:
+        chunk = _call(ray, scheduler.log.remote(args.job, args.worker, offset))
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+        offset += len(chunk)
+        if not args.follow:
+            return 0
+        if _call(ray, scheduler.status.remote(args.job))[0]["state"] not in ("queued", "running"):
+            return 0
+        time.sleep(1.0)
+
+
+def cancel(args) -> int:
+    ray, scheduler = _connect(_saved())
+    _call(ray, scheduler.cancel.remote(args.job))
+    print(f"easyscale: cancelled {args.job}")
+    return 0
