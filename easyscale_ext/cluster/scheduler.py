@@ -106,7 +106,10 @@ class Scheduler:
         job = self._job(job_id)
         supervisor = self.supervisors.get(job_id)
         if supervisor is not None:
-            return ray.get(supervisor.log.remote(worker or ray.get(supervisor.processes.remote())[0], offset))
+            try:
+                return ray.get(supervisor.log.remote(worker or ray.get(supervisor.processes.remote())[0], offset))
+            except ray.exceptions.RayError:  # the job ended meanwhile: its slots' actors are gone
+                pass
         path = os.path.join(job["log_dir"], f"{worker or 'w0'}.log")
         if not os.path.exists(path):
             return b""

@@ -1,9 +1,6 @@
 """A real two-node Ray cluster on this machine (loopback only), shared by the cluster tests."""
 import pytest
 
-from easyscale_ext.cluster.local import use_loopback
-
-use_loopback()  # before anything imports ray: Ray reads it when imported
 ray = pytest.importorskip("ray", reason="cluster mode needs Ray (pip install 'easyscale_ext[cluster]')")
 
 
