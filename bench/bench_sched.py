@@ -1,11 +1,16 @@
 """Fidelity and speed of the scheduling simulator (easyscale_ext.sched); figures for BENCHMARKS.md.
 
 Fidelity: the Pollux artifact's setting (16 nodes x 4 T4, 60 s rounds, 30 s per reallocation), average JCT of
-Pollux, Optimus+Oracle and Tiresias on the 8 workloads of pollux/workloads/, against the published numbers.
+Pollux, Optimus+Oracle and Tiresias on the 8 workloads of pollux/workloads/ (or workloads-2.0/), against the
+artifact's own results per workload.
 Speed: wall time of one 160-job workload per policy, and of the Philly trace (FIFO, Tiresias) by job count.
+Timing (--timing): CPU seconds of every policy on every shipped workload, one run at a time (one core): Pollux's 8
+workloads and their 2x versions on 16 x 4 T4, Sia's 8 on its cluster, EasyScale's test.csv on its cluster.
 
   python bench/bench_sched.py                      # everything (about 15 min on 2 cores)
   python bench/bench_sched.py --seeds 0 --workloads 6 --philly 10000
+  python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
+  taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
 """
 import argparse
 import json
@@ -14,26 +19,36 @@ import time
 
 import numpy as np
 
-from easyscale_ext.sched.models.application import Applications
-from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.application import STAND_INS, Applications
+from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
-from easyscale_ext.sched.models.workload import load_workload
+from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
 from easyscale_ext.sched.policies import POLICIES
-from easyscale_ext.sched.simulator import simulate
+from easyscale_ext.sched.simulator import simulate, validate
 
-PUBLISHED = {  # average JCT (s), Pollux artifact (DATA.md)
-    "workload-6": {"pollux": 2446, "optimus": 5302, "tiresias": 3470},
-    "mean": {"pollux": 2751, "optimus": 5682, "tiresias": 4038},
+PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simulator/results-jobload/<policy>-<load>
+    "workloads": {"pollux": (2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952),
+                  "tiresias": (2474, 5145, 3876, 3280, 3501, 3470, 5480, 5080),
+                  "optimus": (4087, 6914, 3944, 5968, 5656, 5302, 7291, 6294)},
+    "workloads-2.0": {"pollux": (6186, 4191, 5132, 5262, 6591, 5105, 3836, 6010),
+                      "tiresias": (10138, 8656, 10728, 9665, 12098, 10255, 8371, 10406),
+                      "optimus": (10807, 8515, 8363, 10313, 11830, 9767, 6998, 11175)},
 }
 FIDELITY = ("pollux", "tiresias", "optimus")
 PHILLY_CLUSTER = "64x8"  # 512 GPUs: the trace's mean demand is ~374 GPUs
+SHIPPED = {  # workload family: (files in the data folder, cluster)
+    "pollux": ([f"pollux/workloads/workload-{w}.csv" for w in range(1, 9)], "16x4:t4"),
+    "pollux-2x": ([f"pollux/workloads-2.0/workload-{w}.csv" for w in range(1, 9)], "16x4:t4"),
+    "sia": ([f"sia/workloads/philly/workload-{w}.csv" for w in range(1, 9)], "6x4:t4,2x8:a100,3x8:2080ti"),
+    "easyscale": (["easyscale/workloads/test.csv"], EASYSCALE),
+}
 
 
 def run(task):
-    kind, policy, target, seed, data = task
+    kind, policy, target, seed, data, folder = task
     cluster = Cluster.parse("16x4:t4" if kind == "fidelity" else PHILLY_CLUSTER)
     if kind == "fidelity":
-        specs = load_workload(data / "pollux" / "workloads" / f"{target}.csv")
+        specs = load_workload(data / "pollux" / folder / f"{target}.csv")
     else:
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
@@ -45,11 +60,12 @@ def run(task):
             "wall_s": wall}
 
 
-def fidelity_table(rows, workloads):
+def fidelity_table(rows, workloads, folder):
     def jct(policy, w):
         return [r["avg_jct"] for r in rows if r["kind"] == "fidelity" and r["policy"] == policy and r["target"] == w]
 
-    print("\nAverage JCT (s), 16x4 T4; Pollux: mean [min, max] over seeds")
+    published = PUBLISHED[folder]
+    print(f"\nAverage JCT (s), pollux/{folder}/, 16x4 T4; Pollux: mean [min, max] over seeds")
     print(f"{'workload':12s}" + "".join(f"{p:>28s}" for p in FIDELITY) + "   order P<T<O")
     means = {p: [] for p in FIDELITY}
     for w in workloads:
@@ -58,15 +74,16 @@ def fidelity_table(rows, workloads):
             v = jct(p, w)
             avg[p] = float(np.mean(v))
             means[p].append(avg[p])
-            ref = PUBLISHED.get(w, {}).get(p)
+            ref = published[p][int(w.split("-")[1]) - 1]
             text = f"{avg[p]:.0f}" + (f" [{min(v):.0f},{max(v):.0f}]" if len(v) > 1 else "")
             cells.append(text + (f" ({avg[p] / ref - 1:+.1%} vs {ref})" if ref else ""))
         ok = avg["pollux"] < avg["tiresias"] < avg["optimus"]
         print(f"{w:12s}" + "".join(f"{c:>28s}" for c in cells) + f"   {'yes' if ok else 'NO'}")
     if len(workloads) == 8:
-        ref = PUBLISHED["mean"]
+        ref = {p: np.mean(published[p]) for p in FIDELITY}
         print(f"{'mean of 8':12s}" + "".join(
-            f"{f'{np.mean(means[p]):.0f} ({np.mean(means[p]) / ref[p] - 1:+.1%} vs {ref[p]})':>28s}" for p in FIDELITY))
+            f"{f'{np.mean(means[p]):.0f} ({np.mean(means[p]) / ref[p] - 1:+.1%} vs {ref[p]:.0f})':>28s}"
+            for p in FIDELITY))
 
 
 def speed_table(rows):
@@ -82,24 +99,55 @@ def speed_table(rows):
                   f"avg JCT {r['avg_jct']:.0f} s")
 
 
+def timing(data):
+    """CPU seconds of every policy on every shipped workload it can run, one after the other; a table of the
+    most and the mean per workload family."""
+    seconds = {}
+    for family, (paths, spec) in SHIPPED.items():
+        cluster = Cluster.parse(spec)
+        for path in paths:
+            specs = unique_names(with_stand_ins(load_workload(data / path), STAND_INS)[0])[0]
+            for name, make in POLICIES.items():
+                try:
+                    validate(specs, make(0), cluster)
+                except ValueError:
+                    continue
+                begin = time.process_time()
+                simulate(specs, make(0), cluster, Applications(data))
+                seconds.setdefault((name, family), []).append(time.process_time() - begin)
+                print(f"{name} {path} {seconds[name, family][-1]:.1f} s", flush=True)
+    print("\nCPU seconds per run, most [mean] over each family's workloads (one core)\n")
+    print("| policy | " + " | ".join(f"{f} ({len(SHIPPED[f][0])}, {SHIPPED[f][1]})" for f in SHIPPED) + " |")
+    print("|---|" + "---:|" * len(SHIPPED))
+    for name in POLICIES:
+        print(f"| {name} | " + " | ".join(f"{max(v):.1f} [{np.mean(v):.1f}]" if (v := seconds.get((name, f))) else "-"
+                                          for f in SHIPPED) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Pollux search seeds")
     parser.add_argument("--workloads", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument("--load", choices=["1.0", "2.0"], default="1.0",
+                        help="the artifact's workloads (1.0) or those at twice the load (2.0, workloads-2.0/)")
     parser.add_argument("--philly", type=int, nargs="*", default=[10000, 20000, 41000, 82247],
                         help="Philly-trace job counts to time (none: skip)")
     parser.add_argument("--json", default=None, help="write the raw rows here")
+    parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
     args = parser.parse_args()
     data = data_dir(args.data)
+    if args.timing:
+        return timing(data)
     workloads = [f"workload-{w}" for w in args.workloads]
-    tasks = [("fidelity", p, w, s, data) for w in workloads for p in FIDELITY
+    folder = "workloads" if args.load == "1.0" else "workloads-2.0"
+    tasks = [("fidelity", p, w, s, data, folder) for w in workloads for p in FIDELITY
              for s in (args.seeds if p == "pollux" else [0])]
-    tasks += [("philly", p, n, 0, data) for n in args.philly for p in ("fifo", "tiresias")]
+    tasks += [("philly", p, n, 0, data, None) for n in args.philly for p in ("fifo", "tiresias")]
     tasks.sort(key=lambda t: (t[0] == "fidelity", t[1] != "pollux"))  # longest first keeps both cores busy
     with multiprocessing.get_context("fork").Pool(2) as pool:
         rows = list(pool.imap_unordered(run, tasks))
-    fidelity_table(rows, workloads)
+    fidelity_table(rows, workloads, folder)
     speed_table(rows)
     if args.json:
         with open(args.json, "w") as f:

@@ -10,6 +10,7 @@ anything runs: a mistake is one line saying what to do (UsageError, exit status 
 import json
 import multiprocessing
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,7 +21,7 @@ from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND
 from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
-from ..sched.simulator import SimConfig, simulate, validate
+from ..sched.simulator import SIA, SimConfig, simulate, validate
 from .main import UsageError
 
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
@@ -50,6 +51,9 @@ def add_parser(subparsers):
     p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
                                                              "(default: --restart)")
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
+    p.add_argument("--calibration", choices=["none", "sia"], default="none",
+                   help="sia: the Sia artifact's calibration to its testbed (jobs 1.2-1.8x slower than profiled, "
+                        "per-application restart seconds over --restart and --start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
     w = subparsers.add_parser("workload", help="write an EasyScale-format workload drawn from the Philly trace",
@@ -136,8 +140,8 @@ def load(args, data, mapping) -> tuple:
 def run_one(name, specs, cluster, args, position=0):
     """Simulate one policy; returns (result, summary, wall seconds)."""
     apps = Applications(data_dir(args.data))
-    config = SimConfig(round_s=args.round, restart_s=args.restart,
-                       start_s=args.restart if args.start is None else args.start)
+    config = replace(SIA if args.calibration == "sia" else SimConfig(), round_s=args.round, restart_s=args.restart,
+                     start_s=args.restart if args.start is None else args.start)
     bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()

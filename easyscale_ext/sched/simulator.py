@@ -8,7 +8,7 @@ between allocations.
 """
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,16 @@ class SimConfig:
     in_place_s: float = IN_PLACE_S  # an in-place scale event's pause, for policies that scale in place
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
+    slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
+    restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
+
+
+# The Sia artifact's calibration to its testbed (sia-simulator/simulator_config.py SLOWDOWNS, applications.py
+# rescale_time): every job progresses that many times slower than its profiles say (its agent still measures the
+# profiled step times), and every (re)start of an application costs its own seconds instead of 30.
+SIA = SimConfig(slowdown={"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5},
+                restart_by_app={"cifar10": 50, "deepspeech2": 25, "bert": 120, "yolov3": 80, "imagenet": 250,
+                                "ncf": 15})
 
 
 class InvariantError(AssertionError):
@@ -52,6 +62,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the policy has jobs freeze
         job.freezing = policy.freezing(job.spec, job.app)
+        job.slowdown = config.slowdown.get(job.spec.app, 1.0)
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
     paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
@@ -88,8 +99,9 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             if config.check and name in paused and job.progress != paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
-            delay = (config.in_place_s if policy.in_place and job.placement else config.restart_s) if job.starts \
-                else config.start_s
+            restart = config.restart_by_app.get(job.spec.app)
+            delay = (config.in_place_s if policy.in_place and job.placement else restart or config.restart_s) \
+                if job.starts else restart or config.start_s
             job.allocate(cluster.groups(alloc), delay)
             _close(segments, opened, name, now)
             if alloc:

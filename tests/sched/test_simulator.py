@@ -11,6 +11,7 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import ENV_VAR, data_dir
 from easyscale_ext.sched.models.workload import JobSpec, load_workload
 from easyscale_ext.sched.policies.base import Policy
+from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.pollux import PolluxPolicy
 from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
 from easyscale_ext.sched.simulator import InvariantError, SimConfig, simulate
@@ -109,3 +110,16 @@ def test_cli_end_to_end_all_policies(workload, tmp_path, capsys):
 def test_trace_jobs_need_a_non_elastic_policy():
     with pytest.raises(ValueError, match="use fifo, fifo-serial or tiresias"):
         simulate([JobSpec("a", 0, 1, duration=100)], PolluxPolicy(), Cluster.parse("1x4"), None)
+
+
+def test_a_calibrated_job_progresses_slower_and_pays_its_applications_restart(apps):
+    spec = JobSpec("a", 0, 1, "cifar10", 128, epochs=3)
+
+    def end(**calibration):  # alone on one GPU from t = 0, no other delay
+        config = SimConfig(start_s=0, **calibration)
+        return simulate([spec], FifoPolicy(), Cluster.parse("1x1"), apps, config).jobs[0]["completion"]
+
+    plain = end()
+    assert end(slowdown={"cifar10": 2.0}) == pytest.approx(2 * plain)  # half the progress per second
+    assert end(restart_by_app={"cifar10": 50.0}) == pytest.approx(plain + 50)  # its own start cost, not start_s
+    assert end(restart_by_app={"bert": 50.0}) == plain  # another application's

@@ -113,6 +113,7 @@ class AppJob(Job):
     # Layer freezing (IceFrog, policies/icefrog.py): None, or a timeline whose at(share of training done) gives the
     # factors on compute time, sync time and progress per iteration; Policy.freezing sets it when the job is made.
     freezing = None
+    slowdown = 1.0  # progresses this many times slower than its profiles say (a simulator's calibration)
 
     def freezing_factors(self) -> tuple:
         return self.freezing.at(self.progress / self.app.noise.progress_at(self.epochs))
@@ -166,7 +167,7 @@ class AppJob(Job):
         while True:
             batch = self.global_batch
             grad = app.noise.grad_stats(batch, self.epoch)
-            rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time()
+            rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time() / self.slowdown
             if self.freezing is not None:
                 rate *= self.freezing_factors()[2]  # the frozen penalty: a frozen iteration makes less progress
             need = app.noise.progress_at(self.epoch + 1) - self.progress

@@ -141,27 +141,35 @@ class _Search:
         # One multi-node job per node: later multi-node jobs leave a node an earlier one uses.
         spread = np.count_nonzero(states, axis=2, keepdims=True) > 1
         states[((states > 0) & spread).cumsum(axis=1) > 1] = 0
-        # No job beyond its GPU limit: trim the excess from randomly ordered nodes.
-        order = np.argsort(self.rng.random(states.shape), axis=2)
-        shuffled = np.take_along_axis(states, order, axis=2)
-        shuffled = np.diff(np.minimum(shuffled.cumsum(axis=2), self.max_gpus[:, None]), axis=2, prepend=0)
-        np.put_along_axis(states, order, shuffled, axis=2)
-        # Node capacities: earlier jobs first.
-        return np.diff(np.minimum(states.cumsum(axis=1), self.capacity), axis=1, prepend=0)
+        # No job beyond its GPU limit: trim the excess from randomly ordered nodes. The order is drawn for every
+        # job, but only the jobs over their limit change (so are sorted).
+        noise, over = self.rng.random(states.shape), states.sum(axis=2) > self.max_gpus
+        rows, order = states[over], np.argsort(noise[over], axis=1)
+        trimmed = _trim(np.take_along_axis(rows, order, axis=1), self.max_gpus[over.nonzero()[1], None])
+        np.put_along_axis(rows, order, trimmed, axis=1)
+        states[over] = rows
+        # Node capacities: earlier jobs first (only the nodes over capacity change).
+        by_node = states.transpose(0, 2, 1)
+        over = by_node.sum(axis=2) > self.capacity
+        by_node[over] = _trim(by_node[over], self.capacity[over.nonzero()[1], None])
+        return states
 
     def mutate(self, states):
         rng, (pop, jobs, _) = self.rng, states.shape
         reset = rng.random((pop, jobs, 1)) < 0.1
         states = np.where(reset, self.base, states)
-        drop = (rng.random((pop, jobs, 1)) < 0.1) & (rng.random(states.shape) < 0.1)
-        states = np.where(drop, 0, states)
+        states[(rng.random((pop, jobs, 1)) < 0.1) & (rng.random(states.shape) < 0.1)] = 0
         # Grow each job, on average, on one node with free GPUs and on one of its own nodes with free GPUs:
-        # growth into full nodes would only be undone by the repair.
-        room = (states.sum(axis=1, keepdims=True) < self.capacity) & np.ones_like(states, dtype=bool)
+        # growth into full nodes would only be undone by the repair. A node is chosen with probability p_room (the
+        # same for every job), one of the job's own with p_own, either with p_room + p_own - p_room * p_own.
+        room = states.sum(axis=1, keepdims=True) < self.capacity  # (population, 1, nodes)
         own = room & (states > 0)
         p_room = room / np.maximum(room.sum(axis=2, keepdims=True), 1)
-        p_own = own / np.maximum(own.sum(axis=2, keepdims=True), 1)
-        grow = rng.random(states.shape) < p_room + p_own - p_room * p_own
+        p_own = 1 / np.maximum(own.sum(axis=2, keepdims=True), 1)  # where own
+        draw = rng.random(states.shape)
+        grow = draw < p_room
+        k, j, n = own.nonzero()
+        grow[k, j, n] = draw[k, j, n] < p_room[k, 0, n] + p_own[k, j, 0] - p_room[k, 0, n] * p_own[k, j, 0]
         return np.where(grow, rng.integers(states, self.capacity + 1), states)
 
     def crossover(self, a, b):
@@ -184,3 +192,8 @@ class _Search:
             keep = np.argsort(-value, kind="stable")[:size]
             population, value = population[keep], value[keep]
         return population
+
+
+def _trim(rows, limit):
+    """Each row (a job's GPUs per node, or a node's per job) cut to `limit` in all, the excess taken off its end."""
+    return np.diff(np.minimum(rows.cumsum(axis=1), limit), axis=1, prepend=0)
