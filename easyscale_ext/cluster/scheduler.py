@@ -1,104 +1,170 @@
 """The cluster's scheduler: a long-lived Ray actor that runs rounds of the simulator's policy objects on the
 live jobs and carries each decision out in place through the jobs' supervisors.
 
-A round: the supervisors say which jobs ended; the policy (the same object `easyscale simulate` runs) gets
-the queued and running jobs with their current allocations, as node indices of the cluster's slot nodes,
-and returns new ones; a job that gets slots for the first time is started on them, a running job whose
-slots change is moved there in place (supervisor.place). Slots are Ray resources, so a slot is never held
-by two processes, whatever the timing of decisions and releases.
+A round: the supervisors say which jobs ended and how far the others are; each job's model (the one a
+simulation would use, sched.live) follows its real job; the policy (the object `easyscale simulate` runs,
+made non-preemptive: a running job keeps at least one slot, as in-place changes need) gets the queued and
+running jobs with their allocations, as indices of the nodes' available slots, and returns new ones; a job
+that gets slots for the first time starts on them, a running job whose slots change moves there in place
+(supervisor.place). Slots are Ray resources, so a slot is never held by two processes, whatever the timing
+of decisions, releases, reservations and failures. The node list is read every round: a node lost takes its
+slots out of the next decision, and its jobs, recovered in place on their other slots, keep those.
 """
 import logging
 import os
 import threading
 import time
+from collections import Counter
 from typing import Dict, List, Optional
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..sched.models.cluster import Cluster
-from ..sched.models.job import TraceJob
-from ..sched.models.workload import JobSpec
+from ..sched import live
+from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
+from ..sched.models.cluster import Cluster, placement_of
+from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
-from . import NAMESPACE, SLOT
+from ..sched.policies.nonpreemptive import NonPreemptive
+from . import NAMESPACE, SLOT, reserve
 from .jobtable import JobTable
 from .supervisor import JobSupervisor
 
 log = logging.getLogger(__name__)
 
-# Policies whose decisions this scheduler carries out: they never take all slots from a running job (a
-# preemption to zero is a checkpoint-restart, which cluster mode does not run yet).
-RUNNABLE = ("fifo", "fifo-serial")
+
+HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
 
 
-def slot_nodes() -> List[dict]:
-    """The alive nodes that offer slots, in a fixed order (node id)."""
-    return sorted((n for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT)), key=lambda n: n["NodeID"])
+def launch(state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4", **options):
+    """Start the scheduler on the head node, where nodes that come and go cannot take it (or the supervisors
+    beside it) down; `options` are Ray's actor options (a name, a lifetime)."""
+    return Scheduler.options(resources={HEAD: 0.001}, **options).remote(state_dir, policy, round_s, slot_type)
+
+
+def slot_nodes() -> Dict[str, int]:
+    """Slots per alive node that offers them, by node id."""
+    return {n["NodeID"]: int(n["Resources"][SLOT]) for n in ray.nodes()
+            if n["Alive"] and n["Resources"].get(SLOT)}
 
 
 @ray.remote(num_cpus=0)
 class Scheduler:
-    def __init__(self, state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4"):
-        if policy not in RUNNABLE:
-            raise ValueError(f"policy {policy!r} cannot run on a cluster yet: use one of {', '.join(RUNNABLE)}")
-        os.makedirs(state_dir, exist_ok=True)
-        self.state_dir, self.round_s = state_dir, round_s
-        self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
-        self.policy = POLICIES[policy](0)
-        nodes = slot_nodes()
-        if not nodes:
+    def __init__(self, state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4",
+                 data: Optional[str] = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        if slot_type not in GPU_TYPES:
+            raise ValueError(f"unknown slot type {slot_type!r}: the profiles know {', '.join(GPU_TYPES)}")
+        if not slot_nodes():
             raise ValueError(f"no node of this Ray cluster offers the {SLOT!r} resource: start nodes with "
                              f"--resources '{{\"{SLOT}\": K}}' (easyscale cluster start does)")
-        self.node_ids = [n["NodeID"] for n in nodes]
-        gpus = tuple(int(n["Resources"][SLOT]) for n in nodes)
-        self.cluster = Cluster(",".join(f"1x{g}:{slot_type}" for g in gpus), gpus, (slot_type,) * len(gpus))
-        self.jobs: Dict[str, TraceJob] = {}  # the policy's view of each job
+        os.makedirs(state_dir, exist_ok=True)
+        self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
+        self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
+        self.policy_name = policy
+        self.policy = NonPreemptive(POLICIES[policy](0))
+        self.apps = Applications(data_dir(data))
+        self.models: Dict[str, object] = {}  # job id -> the policy's model of it (sched.live)
+        self.followed: Dict[str, float] = {}  # job id -> when its model last followed it
+        self.last_step: Dict[str, tuple] = {}  # job id -> (time, step) of its last progress report
+        self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
         self.rounds: List[float] = []  # seconds each round took (decision and actuation)
+        self.lock = threading.Lock()  # a round and a verb that changes allocations never interleave
         for job in self.table.list(("running",)):  # a restarted scheduler takes its running jobs back
             try:
                 self.supervisors[job["id"]] = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
             except ValueError:  # its supervisor is gone with the cluster: the job's state is unknown
-                self.table.update(job["id"], state="failed", finished=time.time())
+                self.table.update(job["id"], state="failed", finished=time.time(), nodes=[])
         self.wake = threading.Event()
         threading.Thread(target=self._loop, daemon=True, name="easyscale-scheduler").start()
 
     # -- the verbs --------------------------------------------------------------------------------
     def submit(self, argv: List[str], virtual_workers: int, min_procs: int = 1, max_procs: Optional[int] = None,
-               name: Optional[str] = None, env: Optional[dict] = None) -> str:
+               name: Optional[str] = None, env: Optional[dict] = None, application: Optional[str] = None,
+               batch_size: Optional[int] = None) -> str:
         script = argv[0] if argv else ""
         if not os.path.isfile(script):
             raise ValueError(f"no training script at {script!r}: give the path of a file every node can read")
         max_procs = max_procs or virtual_workers
-        total = self.cluster.total_gpus
+        total = sum(slot_nodes().values())
         if not 1 <= min_procs <= max_procs <= virtual_workers:
             raise ValueError(f"need 1 <= min procs ({min_procs}) <= max procs ({max_procs}) <= virtual workers "
                              f"({virtual_workers})")
         if min_procs > total:
             raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}: "
                              "lower --min-procs or add nodes")
+        if application is not None:
+            try:
+                self.apps[application]
+            except KeyError:
+                raise ValueError(f"no profiled application {application!r}: give one of "
+                                 f"{', '.join(sorted(EPOCHS))}") from None
+        elif self.policy.profiled:
+            raise ValueError(f"the {self.policy_name} policy models each job by its application: submit with "
+                             f"--application APP (one of {', '.join(sorted(EPOCHS))})")
         name = name or os.path.splitext(os.path.basename(script))[0]
-        job_id = self.table.add(name, list(argv), dict(env or {}), virtual_workers, min_procs, max_procs, "")
+        job_id = self.table.add(name, list(argv), dict(env or {}), virtual_workers, min_procs, max_procs,
+                                application, batch_size)
         self.table.update(job_id, log_dir=os.path.join(self.state_dir, "logs", job_id))
         self.wake.set()  # decide now, not at the next round
         return job_id
 
     def cancel(self, job_id: str) -> None:
         job = self._job(job_id)
-        if job["state"] in ("queued", "running"):
-            if job_id in self.supervisors:
-                ray.get(self.supervisors[job_id].cancel.remote())
-            self.table.update(job_id, state="cancelled", finished=time.time())
-            self.wake.set()
+        with self.lock:
+            if job["state"] in ("queued", "running"):
+                if job_id in self.supervisors:
+                    ray.get(self.supervisors.pop(job_id).cancel.remote())
+                self.table.update(job_id, state="cancelled", finished=time.time(), nodes=[])
+        self.wake.set()
+
+    def reserve(self, count: int, node: Optional[str] = None) -> List[str]:
+        """Take `count` slots (on `node`, or anywhere) back from training; returns their nodes. Jobs on them
+        leave those slots at their next step boundary, in place."""
+        if count < 1:
+            raise ValueError(f"reserve at least one slot, not {count}")
+        with self.lock:
+            running = {j["id"]: j for j in self.table.list(("running",))}
+            taken, cut = reserve.take(count, node, self._capacity(slot_nodes()),
+                                      {i: j["nodes"] for i, j in running.items()},
+                                      {i: j["min_procs"] for i, j in running.items()})
+            for job_id, nodes in cut.items():
+                self._place(job_id, nodes)
+            for n in taken:
+                slot_id = self.table.reserve(n)
+                reserve.ReservedSlot.options(
+                    name=f"reserved/{slot_id}", namespace=NAMESPACE, lifetime="detached", resources={SLOT: 1},
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        self.wake.set()
+        return taken
+
+    def unreserve(self, count: Optional[int] = None, node: Optional[str] = None) -> int:
+        """Give reserved slots (`count` of them, on `node`; default all) back to training; returns how many."""
+        with self.lock:
+            slots = [(i, n) for i, n in self.table.reservations() if node is None or n == node][:count]
+            for slot_id, _ in slots:
+                self._drop_reservation(slot_id)
+        self.wake.set()
+        return len(slots)
 
     def status(self, job_id: Optional[str] = None) -> List[dict]:
         jobs = [self._job(job_id)] if job_id else self.table.list()
         for job in jobs:
             supervisor = self.supervisors.get(job["id"])
             job["live"] = ray.get(supervisor.status.remote()) if supervisor and job["state"] == "running" else None
+            job["step_s"] = self.step_s.get(job["id"])
         return jobs
+
+    def nodes(self) -> List[dict]:
+        """Per node offering slots: its id, slots, slots reserved and slots held by jobs."""
+        slots = slot_nodes()
+        reserved = Counter(n for _, n in self.table.reservations())
+        held = Counter(n for j in self.table.list(("running",)) for n in j["nodes"])
+        return [{"node": n, "slots": s, "reserved": reserved[n], "held": held[n]} for n, s in sorted(slots.items())]
 
     def log(self, job_id: str, worker: Optional[str] = None, offset: int = 0) -> bytes:
         """A process's output from `offset`: through its slot's actor while the job runs, else from the log
@@ -117,6 +183,13 @@ class Scheduler:
             f.seek(offset)
             return f.read()
 
+    def report(self) -> dict:
+        """The run so far, as `easyscale simulate` reports a simulated one (a sched.simulator.Result)."""
+        from .report import run_result
+
+        return run_result(self.table.list(), self.table.allocations(), self.policy_name,
+                          f"{sum(slot_nodes().values())} slots ({self.slot_type})", self.round_s)
+
     def round_seconds(self) -> List[float]:
         return list(self.rounds)
 
@@ -127,46 +200,116 @@ class Scheduler:
             raise ValueError(f"no job {job_id!r}: `easyscale status` lists the cluster's jobs")
         return job
 
+    def _capacity(self, slots: Dict[str, int]) -> Dict[str, int]:
+        """Slots per alive node that are not reserved."""
+        reserved = Counter(n for _, n in self.table.reservations())
+        return {n: s - reserved[n] for n, s in slots.items()}
+
+    def _drop_reservation(self, slot_id: str) -> None:
+        try:
+            ray.kill(ray.get_actor(f"reserved/{slot_id}", namespace=NAMESPACE))
+        except ValueError:  # gone with its node
+            pass
+        self.table.unreserve(slot_id)
+
+    def _place(self, job_id: str, nodes: List[str]) -> None:
+        """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so."""
+        ray.get(self.supervisors[job_id].place.remote(nodes))
+        self.table.update(job_id, nodes=nodes)
+        if job_id in self.models:
+            self.models[job_id].allocate({self.slot_type: placement_of(nodes)}, 0.0)
+
     def _loop(self) -> None:
         while True:
             self.wake.wait(self.round_s)
             self.wake.clear()
             start = time.perf_counter()
             try:
-                self._round()
+                with self.lock:
+                    self._round()
             except Exception:  # a round that failed is logged; the next one starts afresh
                 log.exception("scheduling round failed")
             self.rounds.append(time.perf_counter() - start)
 
     def _round(self) -> None:
-        for job_id, supervisor in list(self.supervisors.items()):
-            done = ray.get(supervisor.status.remote())["done"]
-            if done is not None:
-                self.table.update(job_id, state="finished" if done == 0 else "failed", exit_code=done,
-                                  finished=time.time())
-                del self.supervisors[job_id]
-                self.jobs.pop(job_id, None)
+        slots = slot_nodes()
+        for slot_id, node in self.table.reservations():
+            if node not in slots:  # went with its node
+                self._drop_reservation(slot_id)
+        capacity = self._capacity(slots)
+        now = time.time()
+        self._follow(now)
         active = self.table.list(("queued", "running"))
+        self._fit(active, capacity)
+        active = self.table.list(("queued", "running"))
+        node_ids = sorted(n for n in capacity if capacity[n] > 0)
+        cluster = Cluster(",".join(f"1x{capacity[n]}:{self.slot_type}" for n in node_ids),
+                          tuple(capacity[n] for n in node_ids), (self.slot_type,) * len(node_ids))
+        index = {n: i for i, n in enumerate(node_ids)}
         for job in active:
-            if job["id"] not in self.jobs:
-                self.jobs[job["id"]] = TraceJob(JobSpec(job["id"], job["submitted"] - self.t0, job["max_procs"],
-                                                        duration=float("inf")))
-        index = {n: i for i, n in enumerate(self.node_ids)}
+            if job["id"] not in self.models:
+                app = self.apps[job["application"]] if job["application"] else None
+                self.models[job["id"]] = live.job_model(job["id"], job["submitted"] - self.t0,
+                                                        job["virtual_workers"], job["max_procs"], app,
+                                                        job["batch_size"], self.policy)
+                if job["nodes"]:  # a job taken back after a restart
+                    self.models[job["id"]].allocate({self.slot_type: placement_of(job["nodes"])}, 0.0)
+            self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])
         allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in active if j["nodes"]}
-        decided = self.policy.optimize(time.time() - self.t0, [self.jobs[j["id"]] for j in active], self.cluster,
-                                       allocations)
+        decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)
         for job in active:
             new = tuple(decided.get(job["id"], ()))
             if new == allocations.get(job["id"], ()) or not new:
                 continue
-            nodes = [self.node_ids[i] for i in new]
-            self.jobs[job["id"]].allocate(self.cluster.groups(new), 0.0)
             if job["id"] not in self.supervisors:
                 self.supervisors[job["id"]] = JobSupervisor.options(
                     name=f"job/{job['id']}", namespace=NAMESPACE, lifetime="detached",
                     scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False)).remote(
                     job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"])
                 self.table.update(job["id"], state="running", started=time.time())
-            ray.get(self.supervisors[job["id"]].place.remote(nodes))
-            self.table.update(job["id"], nodes=nodes)
-            log.info("%s: %d slots on %s", job["id"], len(nodes), ", ".join(sorted(set(nodes))))
+            self._place(job["id"], [node_ids[i] for i in new])
+            log.info("%s: %d slots on %s", job["id"], len(new), ", ".join(sorted({node_ids[i] for i in new})))
+
+    def _follow(self, now: float) -> None:
+        """Jobs that ended leave; the others' models follow what they measured."""
+        for job_id, supervisor in list(self.supervisors.items()):
+            try:
+                state = ray.get(supervisor.status.remote())
+            except ray.exceptions.RayActorError:  # the supervisor died (with the head node's processes)
+                state = {"done": -9, "progress": None}
+            if state["done"] is not None:
+                self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
+                                  exit_code=state["done"], finished=time.time(), nodes=[])
+                for table in (self.supervisors, self.models, self.followed, self.last_step):
+                    table.pop(job_id, None)
+                continue
+            progress, model = state["progress"], self.models.get(job_id)
+            if model is None:
+                continue
+            done = step_s = None
+            if progress:
+                done = progress["step"] / progress["total"] if progress.get("total") else None
+                last = self.last_step.get(job_id)
+                if last and progress["step"] > last[1]:
+                    step_s = self.step_s[job_id] = (progress["time"] - last[0]) / (progress["step"] - last[1])
+                self.last_step[job_id] = (progress["time"], progress["step"])
+            live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
+            self.followed[job_id] = now
+
+    def _fit(self, active: List[dict], capacity: Dict[str, int]) -> None:
+        """Cut the jobs' slots to what the nodes have: a node lost (its processes are gone with it; the
+        others recover in place) takes all of its slots; the earliest jobs keep theirs first."""
+        held = Counter()
+        for job in active:
+            keep = []
+            for n in job["nodes"]:
+                if held[n] < capacity.get(n, 0):
+                    keep.append(n)
+                    held[n] += 1
+            if keep == job["nodes"]:
+                continue
+            log.warning("%s: %d of its slots are gone with their node", job["id"], len(job["nodes"]) - len(keep))
+            if keep and job["id"] in self.supervisors:
+                self._place(job["id"], keep)
+            else:  # nothing left to run on: its supervisor reports how it ended
+                self.table.update(job["id"], nodes=keep)

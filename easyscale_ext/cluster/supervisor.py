@@ -22,7 +22,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import placement
-from . import SLOT
+from . import NAMESPACE, SLOT
 from .worker import SlotWorker
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class JobSupervisor:
         self.exit_codes: Dict[str, int] = {}
         self.released: set = set()  # members asked to leave
         self.joiners: set = set()  # processes started to join
+        self.withdrawn: set = set()  # joiners told to leave before they were admitted
         self.desired: List[str] = []  # node ids, one per process
         self.spawned = 0
         self.started = False
@@ -114,7 +115,7 @@ class JobSupervisor:
             self.joiners.add(name)
         self.workers[name] = SlotWorker.options(
             resources={SLOT: 1}, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            name=f"{self.job_id}/{name}", lifetime="detached").remote(
+            name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
             [sys.executable] + self.argv, env, os.path.join(self.log_dir, f"{name}.log"))
 
     def _supervise(self) -> None:
@@ -132,7 +133,12 @@ class JobSupervisor:
         polls = {w.poll.remote(): name for name, w in self.workers.items() if name not in self.exit_codes}
         answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=1.0)  # one not placed yet waits
         for ref in answered:
-            name, code = polls[ref], ray.get(ref)
+            name = polls[ref]
+            try:
+                code = ray.get(ref)
+            except ray.exceptions.RayActorError:  # its node is gone, and the process with it
+                code = -9
+                self.withdrawn.add(name)  # a joiner lost so is no failure of the script
             if code is None:
                 continue
             self.exit_codes[name] = code
@@ -151,22 +157,32 @@ class JobSupervisor:
             return
         if any(m in self.exit_codes for m in members):
             return  # ending, or recovering from a lost process: act on the generation that follows
-        pending = [w for w in alive if w in self.joiners and w not in members and not store.check([f"admit/{w}"])]
-        if any(w in self.joiners and w not in members and code != 0 for w, code in self.exit_codes.items()):
+        if any(w in self.joiners and w not in members and w not in self.withdrawn and code != 0
+               for w, code in self.exit_codes.items()):
             return  # a joiner failed: another started the same way would too (its log says why)
+        pending = [w for w in alive if w in self.joiners and w not in members and w not in self.withdrawn
+                   and not store.check([f"admit/{w}"])]
         holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)
-        holding.update(self.node_of[w] for w in pending)
         wanted = Counter(self.desired)
+        withdrawn = False
+        for node in {self.node_of[w] for w in pending}:  # joiners for slots the job no longer gets withdraw
+            mine = [w for w in pending if self.node_of[w] == node]
+            for w in mine[max(wanted[node] - holding[node], 0):]:
+                store.set(f"lost/{w}", "withdrawn")  # never admitted, even if it said it is ready
+                self.workers[w].terminate.remote()
+                self.withdrawn.add(w)
+                pending.remove(w)
+                withdrawn = True
+        holding.update(self.node_of[w] for w in pending)
         for node, count in (wanted - holding).items():  # grow first: a move never drops below the job's size
             for _ in range(count):
                 pending.append(self._spawn(node, joining=True))
-        if pending:
+        if pending or withdrawn:
             store.set("target", str(len(members) + len(pending)))
+        if pending:
             return
         for node, count in (holding - wanted).items():  # then shrink: release the processes on slots to leave
             leaving = [m for m in reversed(members) if self.node_of[m] == node and m not in self.released]
             for m in leaving[:count]:
                 self.released.add(m)
                 self.client.release(store, m)
-
-

@@ -1,5 +1,7 @@
 """One process of a job on one slot: a Ray actor that runs the training script as a child process, so that
-the script runs unchanged (as under `easyscale run`) and its death is the child's, never the actor's."""
+the script runs unchanged (as under `easyscale run`) and its death is the child's, never the actor's. The
+child dies with the actor (a node lost, the actor killed): no training process outlives its slot."""
+import ctypes
 import os
 import signal
 import subprocess
@@ -15,7 +17,7 @@ class SlotWorker:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.child = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+                                          start_new_session=True, preexec_fn=_die_with_parent)
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -43,3 +45,9 @@ class SlotWorker:
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             return f.read(limit)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends it SIGKILL when the actor's process ends (Linux)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

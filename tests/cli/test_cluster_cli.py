@@ -1,4 +1,5 @@
 """Cluster mode from the command line, as the README gives it: start, submit, status, logs, cancel, stop."""
+import json
 import os
 import re
 import subprocess
@@ -23,10 +24,12 @@ def easyscale(tmp_path):
     run("cluster", "stop")
 
 
-def test_jobs_submitted_to_a_local_cluster_run_to_their_fixed_bits(easyscale):
+def test_jobs_submitted_to_a_local_cluster_run_to_their_fixed_bits(easyscale, tmp_path):
     for args in (["status"], ["submit", "--virtual-workers", "2", EXAMPLE], ["cancel", "x"]):
         out = easyscale(*args)
         assert out.returncode == 2 and "no cluster is running: start one with `easyscale cluster start`" in out.stderr
+    out = easyscale("cluster", "start", "--policy", "nope")
+    assert out.returncode == 2 and "unknown policy 'nope': choose one of fifo" in out.stderr, out.stderr
     out = easyscale("cluster", "start", "--slots", "3", "--round", "0.5")
     assert out.returncode == 0 and "scheduler running" in out.stdout, out.stderr
     jobs = []
@@ -42,6 +45,18 @@ def test_jobs_submitted_to_a_local_cluster_run_to_their_fixed_bits(easyscale):
     assert len(digests) == 2 and digests[0] == digests[1]
     table = easyscale("status").stdout
     assert all(re.search(rf"^{job}\s+finished", table, re.M) for job in jobs), table
+    out = easyscale("cluster", "reserve", "2")
+    assert out.returncode == 0 and "reserved 2 slots on 2x " in out.stdout, out.stderr
+    assert re.search(r"^\S+\s+3\s+2\s+0$", easyscale("status").stdout, re.M)  # node, slots, reserved, held
+    out = easyscale("cluster", "reserve", "2")
+    assert out.returncode == 2 and "only 1 of 2 slots can be reserved in the cluster" in out.stderr, out.stderr
+    assert "2 reserved slots given back" in easyscale("cluster", "unreserve").stdout
+    out = easyscale("cluster", "report", "--out", str(tmp_path / "report"))
+    assert out.returncode == 0, out.stderr
+    record = json.loads((tmp_path / "report" / "cluster-fifo.json").read_text())
+    assert sorted(j["name"] for j in record["jobs"]) == sorted(jobs) and record["summary"]["avg_jct"] > 0
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} == {
+        f"cluster-fifo-{kind}.png" for kind in ("gantt", "jct-cdf", "gpus", "summary")}
     for args, message in ((["submit", "--virtual-workers", "2", "no/such.py"], "no training script at"),
                           (["submit", "--virtual-workers", "8", "--min-procs", "5", EXAMPLE],
                            "needs at least 5 slots and the cluster has 3"),

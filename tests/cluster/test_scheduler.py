@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from easyscale_ext.cluster.scheduler import Scheduler
+from easyscale_ext.cluster.scheduler import launch
 from support.jobs import JOB, run_job
 
 pytestmark = pytest.mark.multiprocess
@@ -22,7 +22,7 @@ def job_argv(out, n):
 
 @pytest.fixture
 def scheduler(cluster, tmp_path):
-    actor = Scheduler.remote(str(tmp_path / "state"), "fifo", 0.5)
+    actor = launch(str(tmp_path / "state"), "fifo", 0.5)
     yield actor
     ray.kill(actor)
 
@@ -71,7 +71,11 @@ def test_a_submission_it_cannot_run_is_refused_and_nothing_is_queued(scheduler, 
 
 
 def test_an_unknown_policy_or_job_is_a_clear_error(cluster, scheduler, tmp_path):
-    with pytest.raises(ray.exceptions.RayActorError, match="cannot run on a cluster yet"):
-        ray.get(Scheduler.remote(str(tmp_path / "other"), "pollux").status.remote())
+    with pytest.raises(ray.exceptions.RayActorError, match="unknown policy 'nope': choose one of fifo"):
+        ray.get(launch(str(tmp_path / "other"), "nope").status.remote())
+    with pytest.raises(ray.exceptions.RayTaskError, match="models each job by its application: submit with"):
+        ray.get(launch(str(tmp_path / "sia"), "sia").submit.remote([JOB], 4))
+    with pytest.raises(ray.exceptions.RayTaskError, match="no profiled application 'gpt9'"):
+        ray.get(scheduler.submit.remote([JOB], 4, application="gpt9"))
     with pytest.raises(ray.exceptions.RayTaskError, match="no job 'nope'"):
         ray.get(scheduler.cancel.remote("nope"))

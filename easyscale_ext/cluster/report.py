@@ -1,0 +1,34 @@
+"""A cluster run as `easyscale simulate` reports a simulated one (sched.simulator.Result, the same JSON and
+plots), built from the job table: so a real run and its simulation compare side by side."""
+from collections import Counter
+from typing import List
+
+from ..sched.simulator import Result
+
+
+def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster: str, round_s: float) -> Result:
+    """`jobs`: the job table's rows; `allocations`: (time, job, nodes) of every change of a job's slots.
+    Times count from the first submission; only jobs that finished have a record (a JCT)."""
+    t0 = min((j["submitted"] for j in jobs), default=0.0)
+    opened, held, first, attained = {}, {}, {}, Counter()
+    segments, times, gpus, active = [], [], [], []
+    for t, job, nodes in allocations:
+        if job in opened:
+            start, n = opened.pop(job)
+            if t > start:
+                segments.append((job, start - t0, t - t0, n))
+            attained[job] += (t - start) * n
+        if nodes:
+            opened[job] = (t, len(nodes))
+            first.setdefault(job, t)
+        held[job] = len(nodes)
+        times.append(t - t0)
+        gpus.append(sum(held.values()))
+        active.append(sum(j["submitted"] <= t and (j["finished"] is None or j["finished"] > t) for j in jobs))
+    records = [{"name": j["id"], "app": j["application"], "arrival": j["submitted"] - t0,
+                "start": first[j["id"]] - t0 if j["id"] in first else None, "completion": j["finished"] - t0,
+                "jct": j["finished"] - j["submitted"], "gpus_asked": j["max_procs"], "restarts": 0,
+                "gpu_seconds": attained[j["id"]]}
+               for j in jobs if j["state"] == "finished"]
+    return Result(policy, cluster, {"driver": "cluster", "round_s": round_s}, records,
+                  {"time": times, "gpus": gpus, "active": active}, segments)

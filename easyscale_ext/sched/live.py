@@ -1,0 +1,40 @@
+"""Job models that follow real jobs: what the cluster scheduler hands its policy instead of simulated jobs.
+
+The scheduler keeps, for each job of the cluster, the job model a simulation of it would use (models.job),
+and before each round brings it to what the real job did: time passes for it as in the simulator (its
+GPU-seconds of service, its agent's observations on the profiles), then its progress becomes the real job's
+share of steps done, and the ratio of its measured step time to the modelled one becomes its slowdown. So a
+policy reads the same models, with the same fields, in both drivers.
+"""
+from typing import Optional
+
+from .models.job import AppJob, make_job
+from .models.workload import JobSpec
+
+
+def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, app=None, batch_size=None,
+              policy=None):
+    """The model of a submitted job: a profiled application's (with `app`) or else a trace job of unknown
+    length that asks for `max_procs` slots."""
+    if app is None:
+        return make_job(JobSpec(name, arrival, max_procs, duration=float("inf")), {}, None)
+    batch = batch_size or virtual_workers * max(1, app.init_batch_size // virtual_workers)
+    spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers)
+    tuned = policy.batch_size(spec, app) if policy is not None else batch
+    return make_job(spec, {app.name: app}, tuned)
+
+
+def follow(job, now: float, seconds: float, done: Optional[float] = None, step_s: Optional[float] = None) -> None:
+    """Let `seconds` pass for `job` up to `now`, then set what was measured: `done`, the share of its steps
+    the real job has run, and `step_s`, its seconds per step on its current slots."""
+    job.advance(now - seconds, seconds)
+    job.completion = None  # the real job says when it ends
+    if not isinstance(job, AppJob):
+        return
+    if done is not None:
+        noise = job.app.noise
+        job.progress = min(done, 1.0) * noise.progress_at(job.epochs)
+        job.epoch = sum(noise.progress_at(e + 1) <= job.progress for e in range(job.epochs))
+    job.epoch = min(job.epoch, job.epochs - 1)  # its last epoch runs until the real job ends
+    if step_s is not None and job.placement:
+        job.slowdown = step_s / job.iteration_time()

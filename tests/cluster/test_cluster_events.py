@@ -1,0 +1,74 @@
+"""Cluster mode end to end on a two-node Ray cluster: a policy grows a job across nodes, a reservation takes a
+slot back (the job leaves it in place), the slots return and the job grows across nodes again, a node is removed (the job
+recovers in place on the other), two more jobs wait and run; every job ends with its fixed-size run's bits."""
+import os
+import sys
+import time
+
+import pytest
+import ray
+
+from easyscale_ext.cluster.scheduler import launch
+from support.jobs import JOB, run_job
+
+pytestmark = pytest.mark.multiprocess
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+LONG = dict(n=4, steps=50, epochs=2)  # 100 steps of >= 0.4 s: longer than the events below
+SHORT = dict(n=2, steps=4, epochs=2)
+
+
+def argv(out, events, n, steps, epochs, sleep):
+    return [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--log-events", str(events),
+            "--virtual-workers", str(n), "--steps", str(steps), "--epochs", str(epochs), "--step-sleep", str(sleep), "--block", "0"]
+
+
+def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_path):
+    a, b = cluster.node_ids()
+    scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 1.0)
+    long_job = ray.get(scheduler.submit.remote(argv(tmp_path / "h0", tmp_path / "e0", sleep=0.4, **LONG), 4, 1, 2,
+                                               "long", ENV, "cifar10"))
+    log = []
+
+    def nodes():
+        job = ray.get(scheduler.status.remote(long_job))[0]
+        live = job["live"] or {}
+        log.append((round(time.monotonic() - begin, 1), job["state"], live.get("members"),
+                    [n[:6] for n in live.get("nodes", [])], (live.get("progress") or {}).get("step")))
+        assert job["state"] in ("queued", "running"), f"the long job ended before the events: {log}"
+        return sorted(live.get("nodes", []))
+
+    def wait(what, condition, timeout=90):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s: {log}"
+            time.sleep(0.3)
+
+    begin = time.monotonic()
+    wait("growth across both nodes", lambda: nodes() == sorted([a, b]))
+    assert len(ray.get(scheduler.reserve.remote(3))) == 3  # the two free slots, then one of the long job's
+    wait("release of a reserved slot", lambda: len(nodes()) == 1)
+    assert sum(n["reserved"] for n in ray.get(scheduler.nodes.remote())) == 3
+    assert ray.get(scheduler.unreserve.remote()) == 3
+    wait("growth onto the slots given back", lambda: nodes() == sorted([a, b]))
+    cluster.remove_node(1)
+    wait("recovery on the node left", lambda: set(nodes()) == {a})
+    short = [ray.get(scheduler.submit.remote(argv(tmp_path / f"h{i}", tmp_path / f"e{i}", sleep=0.1, **SHORT), 2,
+                                             1, 2, f"short{i}", ENV, "cifar10")) for i in (1, 2)]
+    deadline = time.monotonic() + 150
+    while True:
+        jobs = {j["id"]: j for j in ray.get(scheduler.status.remote())}
+        if all(j["state"] not in ("queued", "running") for j in jobs.values()):
+            break
+        assert time.monotonic() < deadline, (log[-5:], [(j["id"], j["state"], j["live"]) for j in jobs.values()],
+                                             {p.name: p.read_text()[-600:] for p in tmp_path.glob("state/logs/*/*")})
+        time.sleep(0.5)
+    assert [jobs[i]["state"] for i in [long_job, *short]] == ["finished"] * 3, log
+    events = sorted({tuple(map(int, line.split()[1:3])) for line in (tmp_path / "e0").read_text().splitlines()})
+    assert (1, 2) in events and (2, 1) in events, f"the long job's scale events (old, new): {events}"
+    assert (tmp_path / "h0").read_text() == run_job("reference", **LONG)
+    reference = run_job("reference", **SHORT)
+    assert [(tmp_path / f"h{i}").read_text() for i in (1, 2)] == [reference] * 2
+    result = ray.get(scheduler.report.remote())
+    assert sorted(r["name"] for r in result.jobs) == sorted([long_job, *short])
+    assert max(result.timeline["gpus"]) <= 4
+    ray.kill(scheduler)

@@ -1,0 +1,90 @@
+"""What a cluster that moves jobs only in place can carry out: NonPreemptive repairs any policy's decision so that
+running jobs keep slots, limits hold and no node is over-filled; job models follow what real jobs measured."""
+import pytest
+
+from easyscale_ext.sched import live
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies.base import Policy
+from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
+
+CLUSTER = Cluster("2x2:t4", (2, 2), ("t4", "t4"))
+
+
+class Fixed(Policy):
+    """Decides what it is told: the decision to repair."""
+    name = "fixed"
+
+    def __init__(self, decision):
+        self.decision = decision
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return dict(self.decision)
+
+
+def jobs(*names):
+    return [live.job_model(n, float(i), 4, 4) for i, n in enumerate(names)]
+
+
+def test_a_running_job_the_policy_would_stop_keeps_its_slots_and_displaces_a_new_start():
+    policy = NonPreemptive(Fixed({"new": (0, 0, 1)}))  # stops "old" to start "new" where "old" runs
+    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,)}
+
+
+def test_a_start_that_fits_beside_a_kept_job_stays():
+    policy = NonPreemptive(Fixed({"new": (1, 1)}))
+    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,), "new": (1, 1)}
+
+
+def test_a_changed_running_job_goes_back_only_where_it_over_fills_a_node():
+    # "a" grows onto node 1, which "b" keeps (the policy stopped it): a's change is undone; c's start fits
+    policy = NonPreemptive(Fixed({"a": (0, 1, 1), "c": (0,)}))
+    result = policy.optimize(0, jobs("a", "b", "c"), CLUSTER, {"a": (0,), "b": (1, 1)})
+    assert result == {"a": (0,), "b": (1, 1), "c": (0,)}
+
+
+def test_limits_cap_an_allocation_and_drop_a_start_below_the_minimum():
+    policy = NonPreemptive(Fixed({"a": (0, 0, 1), "b": (1,)}))
+    policy.limits = {"a": (1, 2), "b": (2, 4)}
+    assert policy.optimize(0, jobs("a", "b"), CLUSTER, {}) == {"a": (0, 0)}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_on_live_job_models_without_stopping_a_running_job(name):
+    apps = Applications(data_dir())
+    policy = NonPreemptive(POLICIES[name](0))
+    models = [live.job_model(f"j{i}", i * 10.0, 4, 4, apps["cifar10"], None, policy) for i in range(5)]
+    allocations = {}
+    for round_ in range(4):
+        decided = policy.optimize(round_ * 60.0, models, CLUSTER, allocations)
+        assert all(u <= g for u, g in zip(CLUSTER.used(decided), CLUSTER.gpus)), decided
+        assert all(decided.get(n) for n in allocations), f"a running job was stopped: {allocations} -> {decided}"
+        for job in models:
+            if decided.get(job.name, ()) != allocations.get(job.name, ()):
+                job.allocate(CLUSTER.groups(decided[job.name]), 0.0)
+            if job.placement:
+                live.follow(job, round_ * 60.0 + 60, 60.0, done=0.2 * (round_ + 1), step_s=0.5)
+        allocations = decided
+    assert allocations, f"{name} started no job"
+
+
+def test_a_model_follows_the_real_jobs_progress_and_step_time():
+    apps = Applications(data_dir())
+    job = live.job_model("j", 0.0, 4, 4, apps["cifar10"])
+    job.allocate({"t4": (2,)}, 0.0)
+    modelled = job.iteration_time()
+    live.follow(job, 3600.0, 3600.0, done=0.5, step_s=2 * modelled)
+    assert job.progress == 0.5 * job.app.noise.progress_at(job.epochs)
+    assert job.app.noise.progress_at(job.epoch) <= job.progress < job.app.noise.progress_at(job.epoch + 1)
+    assert job.slowdown == 2.0 and job.completion is None
+    live.follow(job, 10 ** 7, 10 ** 7)  # far past the model's end: only the real job ends a job
+    assert job.completion is None and job.epoch == job.epochs - 1
+
+
+def test_a_job_put_back_that_over_fills_another_node_displaces_the_start_there():
+    # b grows onto node 0 where a and c are kept: b goes back to node 1, where the new start d must then yield
+    policy = NonPreemptive(Fixed({"b": (0, 0), "d": (1,), "e": (1,)}))
+    before = {"a": (0,), "c": (0,), "b": (1,), "e": (1,)}
+    assert policy.optimize(0, jobs("a", "b", "c", "d", "e"), CLUSTER, before) == before
