@@ -147,12 +147,11 @@ class JobSupervisor:
         members = self.client.current_members(store)
         alive = [w for w in self.workers if w not in self.exit_codes]
         if all(m in self.exit_codes for m in members):
-            for w in alive:  # joiners nobody will admit
-                ray.get(self.workers[w].kill.remote())
-                self.exit_codes.setdefault(w, -9)
             codes = [self.exit_codes[m] for m in members] or [0]
+            for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
+                self.exit_codes[w] = -9
             self.done = next((c for c in codes if c != 0), 0)
-            for w in self.workers.values():  # detached: they go with the job
+            for w in self.workers.values():  # detached: they go with the job, and their processes with them
                 ray.kill(w)
             return
         if any(m in self.exit_codes for m in members):

@@ -1,13 +1,19 @@
 """One process of a job on one slot: a Ray actor that runs the training script as a child process, so that
 the script runs unchanged (as under `easyscale run`) and its death is the child's, never the actor's. The
 child dies with the actor (a node lost, the actor killed): no training process outlives its slot."""
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 from typing import Dict, List, Optional
 
 import ray
+
+# Run before the script, in its process: the kernel sends it SIGKILL when the actor's process ends (Linux's
+# PR_SET_PDEATHSIG, kept across exec). Not a preexec_fn: Python code between fork and exec can deadlock in
+# a process with threads, as Ray's workers are.
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 @ray.remote(num_cpus=0)
@@ -16,8 +22,8 @@ class SlotWorker:
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         self.log_path = log_path
         with open(log_path, "ab") as log:
-            self.child = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+            self.child = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT, *argv], env=dict(os.environ, **env),
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -46,8 +52,3 @@ class SlotWorker:
             f.seek(offset)
             return f.read(limit)
 
-
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends it SIGKILL when the actor's process ends (Linux)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -50,6 +50,8 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     assert sum(n["reserved"] for n in ray.get(scheduler.nodes.remote())) == 3
     assert ray.get(scheduler.unreserve.remote()) == 3
     wait("growth onto the slots given back", lambda: nodes() == sorted([a, b]))
+    grown = log[-1][-1] or 0
+    wait("steps on both nodes", lambda: nodes() and (log[-1][-1] or 0) >= grown + 3)  # not mid-rendezvous
     cluster.remove_node(1)
     wait("recovery on the node left", lambda: set(nodes()) == {a})
     short = [ray.get(scheduler.submit.remote(argv(tmp_path / f"h{i}", tmp_path / f"e{i}", sleep=0.1, **SHORT), 2,

@@ -15,18 +15,13 @@ cluster's slots): the repair always ends with every node within its capacity.
 from .base import Policy
 
 
-class NonPreemptive(Policy):
+class NonPreemptive:
     def __init__(self, policy: Policy):
         self.policy = policy
         self.limits = {}  # job name -> (min GPUs, max GPUs)
-        for flag in ("name", "profiled", "virtual_workers", "in_place", "one_gpu_type"):
-            setattr(self, flag, getattr(policy, flag))
 
-    def batch_size(self, spec, app):
-        return self.policy.batch_size(spec, app)
-
-    def freezing(self, spec, app):
-        return self.policy.freezing(spec, app)
+    def __getattr__(self, name):  # the wrapped policy's flags and batch sizes, whatever they are
+        return getattr(self.policy, name)
 
     def optimize(self, now, jobs, cluster, allocations):
         jobs = list(jobs)
