@@ -1,7 +1,8 @@
 """`easyscale simulate`: run policies on a workload; print a table, write JSON and plots.
 
   easyscale simulate --workload FILE [--policy NAME,NAME,...|all] [--cluster SPEC] [--map APP=PROFILED]
-                     [--seed S] [--out DIR]
+                     [--seed S] [--out DIR] [--calibration sia] [--in-place policy|on|off]
+                     [--freezing job|on|off]
 
 Several policies run one process each, two at a time. Also `easyscale workload`, which draws an EasyScale-format
 workload from the Philly trace. Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
@@ -19,9 +20,10 @@ from ..sched.metrics import isolated_runtimes, summarize
 from ..sched.models import workload
 from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND_INS, Applications
 from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
+from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
-from ..sched.simulator import SIA, SimConfig, simulate, validate
+from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, simulate, validate
 from .main import UsageError
 
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
@@ -51,9 +53,21 @@ def add_parser(subparsers):
     p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
                                                              "(default: --restart)")
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
-    p.add_argument("--calibration", choices=["none", "sia"], default="none",
-                   help="sia: the Sia artifact's calibration to its testbed (jobs 1.2-1.8x slower than profiled, "
+    p.add_argument("--calibration", choices=["none", "sia", "sia-restarts"], default="none",
+                   help="sia-restarts: the Sia artifact's per-application restart seconds (15-250 s) over --restart "
+                        "and --start, for restart-based jobs; "
+                        "sia: also its calibration to its testbed (jobs 1.2-1.8x slower than profiled, "
                         "per-application restart seconds over --restart and --start)")
+    p.add_argument("--in-place", choices=["policy", "on", "off"], default="policy",
+                   help="whether jobs rescale in place (measured pause plus the bytes that move) or restart: as "
+                        "the policy's jobs do (default), or on/off for every policy (the ablation 'Sia + in place')")
+    p.add_argument("--freezing", choices=["job", "on", "off"], default="job",
+                   help="layer freezing: where a job opts in (its workload's freeze column; default), for every "
+                        "job whose model family has a published timeline (on), or for none (off)")
+    p.add_argument("--intra-node-gbps", type=float, default=INTRA_NODE_GBPS,
+                   help=f"GB/s between GPUs of a node, for in-place moves (default {INTRA_NODE_GBPS})")
+    p.add_argument("--inter-node-gbps", type=float, default=INTER_NODE_GBPS,
+                   help=f"GB/s between nodes, for in-place moves (default {INTER_NODE_GBPS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
     w = subparsers.add_parser("workload", help="write an EasyScale-format workload drawn from the Philly trace",
@@ -140,8 +154,11 @@ def load(args, data, mapping) -> tuple:
 def run_one(name, specs, cluster, args, position=0):
     """Simulate one policy; returns (result, summary, wall seconds)."""
     apps = Applications(data_dir(args.data))
-    config = replace(SIA if args.calibration == "sia" else SimConfig(), round_s=args.round, restart_s=args.restart,
-                     start_s=args.restart if args.start is None else args.start)
+    base = {"sia": SIA, "sia-restarts": SIA_RESTARTS}.get(args.calibration, SimConfig())
+    config = replace(base, round_s=args.round, restart_s=args.restart,
+                     start_s=args.restart if args.start is None else args.start, in_place=args.in_place,
+                     freezing=args.freezing, intra_node_gbps=args.intra_node_gbps,
+                     inter_node_gbps=args.inter_node_gbps)
     bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()

@@ -2,18 +2,26 @@
 
 Time moves in rounds of `round_s`. In each round every job holding GPUs progresses; at the round's end the
 jobs that arrived during it join, finished ones leave, and the policy reallocates. A job whose allocation
-changes makes no progress for `restart_s` seconds (`start_s` at its first start): checkpoint-restart in the
-Pollux artifact's simulator costs 30 s; a policy that scales in place pays `in_place_s` (our measured pause)
-between allocations.
+changes makes no progress for a while, by how the job runs, whichever policy moved it (models/reallocation.py):
+a restart-based job pays `restart_s` (`start_s` at its first start; the Pollux artifact's 30 s) or its
+application's `restart_by_app` seconds (Sia's); a job on this runtime, whose GPUs change between two non-empty
+allocations, pays the measured in-place pause (`in_place_s`) plus the bytes that move over the links they cross
+(`intra_node_gbps`, `inter_node_gbps`). Whether jobs run in place is the policy's `in_place` unless `in_place`
+here says "on" or "off" for every job (the ablation "Sia + in place"). Layer freezing is off unless a job opts in
+or `freezing` is "on" (models/freezing.py).
 """
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from .models.job import IN_PLACE_S, make_job
+from .models.freezing import timeline_for
+from .models.job import make_job
+from .models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS, PAUSE_S, reallocation_cost
 from .models.workload import as_virtual_workers
+
+IN_PLACE_MODES = ("policy", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -21,7 +29,12 @@ class SimConfig:
     round_s: float = 60.0
     restart_s: float = 30.0
     start_s: float = 30.0
-    in_place_s: float = IN_PLACE_S  # an in-place scale event's pause, for policies that scale in place
+    in_place_s: float = PAUSE_S  # an in-place scale event's measured pause, before the bytes that move
+    in_place: str = "policy"  # jobs run in place if the policy's do ("policy"), always ("on"), never ("off")
+    intra_node_gbps: float = INTRA_NODE_GBPS  # GB/s between GPUs of one node (reallocation.py says why)
+    inter_node_gbps: float = INTER_NODE_GBPS  # GB/s between nodes
+    freezing: str = "job"  # layer freezing where a job opts in ("job"), for every job ("on"), for none ("off")
+    timelines: dict = field(default_factory=dict)  # application -> freezing.Freezing, over freezing.TIMELINES
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
@@ -34,6 +47,8 @@ class SimConfig:
 SIA = SimConfig(slowdown={"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5},
                 restart_by_app={"cifar10": 50, "deepspeech2": 25, "bert": 120, "yolov3": 80, "imagenet": 250,
                                 "ncf": 15})
+# Sia's per-application restart seconds alone: how its artifact costs a restart, without the testbed slowdowns.
+SIA_RESTARTS = SimConfig(restart_by_app=SIA.restart_by_app)
 
 
 class InvariantError(AssertionError):
@@ -57,11 +72,16 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     """Run `specs` (sorted by arrival) to completion under `policy`. `progress` (e.g. a tqdm bar) is
     advanced by one per finished job."""
     validate(specs, policy, cluster)
+    if config.in_place not in IN_PLACE_MODES:
+        raise ValueError(f"in_place {config.in_place!r}: expected one of {', '.join(IN_PLACE_MODES)}")
+    in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
+    if policy.mixes_types:  # a Pollux- or Sia-format job does not say; on this runtime it may mix types at D2
+        specs = [replace(s, heterogeneous=True) if s.app and s.virtual_workers is None else s for s in specs]
     jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
-    for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the policy has jobs freeze
-        job.freezing = policy.freezing(job.spec, job.app)
+    for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
+        job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
@@ -99,9 +119,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             if config.check and name in paused and job.progress != paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
-            restart = config.restart_by_app.get(job.spec.app)
-            delay = (config.in_place_s if policy.in_place and job.placement else restart or config.restart_s) \
-                if job.starts else restart or config.start_s
+            delay = reallocation_cost(job, allocations.get(name, ()), alloc, cluster, config, in_place) \
+                if alloc else 0.0
             job.allocate(cluster.groups(alloc), delay)
             _close(segments, opened, name, now)
             if alloc:

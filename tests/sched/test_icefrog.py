@@ -1,5 +1,5 @@
 """IceFrog's freezing timelines, frozen jobs and layer-aware allocation, on tiny cases checked by hand."""
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -7,7 +7,6 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies import POLICIES
-from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.icefrog import MEASURED, Freezing, IceFrogPolicy, from_run
 from easyscale_ext.sched.simulator import SimConfig, simulate
@@ -37,10 +36,9 @@ def test_the_cap_reproduces_the_measured_run_averages():
 
 def run_alone(apps, freezing):
     """Completion time of one cifar10 job alone on 1 GPU, no restart cost, frozen as `freezing` says."""
-    policy = FifoPolicy()
-    policy.freezing = lambda spec, app: freezing
-    return simulate([JobSpec("a", 0, 1, "cifar10", 128, epochs=3)], policy, Cluster.parse("1x1"), apps,
-                    FREE).jobs[0]["completion"]
+    config = replace(FREE, freezing="on", timelines={"cifar10": freezing}) if freezing else FREE
+    return simulate([JobSpec("a", 0, 1, "cifar10", 128, epochs=3)], FifoPolicy(), Cluster.parse("1x1"), apps,
+                    config).jobs[0]["completion"]
 
 
 def test_a_frozen_job_steps_faster_and_pays_its_penalty_in_progress(apps):
@@ -53,7 +51,6 @@ def test_a_frozen_job_steps_faster_and_pays_its_penalty_in_progress(apps):
 
 
 def test_a_job_that_does_not_freeze_runs_exactly_as_before(apps):
-    assert Policy().freezing(None, None) is None and IceFrogPolicy(freeze=False).freezing(None, None) is None
     assert run_alone(apps, None) == run_alone(apps, Freezing(0.5, 0.6, 0.0, 0.0, 0.0))  # nothing ever frozen
 
 
@@ -71,6 +68,6 @@ def test_the_spare_gpu_goes_to_the_frozen_job_that_gains_more_from_it(apps):
     assert {n: len(a) for n, a in alloc.items()} == {"plain": 2, "frozen": 1}
 
 
-def test_both_variants_are_registered_and_only_one_freezes():
-    assert POLICIES["icefrog"](0).freezing(None, None) is MEASURED
-    assert POLICIES["icefrog-nofreeze"](0).freezing(None, None) is None
+def test_both_variants_are_registered_and_only_one_values_frozen_layers():
+    assert POLICIES["icefrog"](0).layer_aware and not POLICIES["icefrog-nofreeze"](0).layer_aware
+    assert isinstance(MEASURED, Freezing)

@@ -23,12 +23,14 @@ def test_configurations_are_powers_of_two_in_a_node_then_whole_nodes():
 def test_integer_program_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     capacity = {"t4": 4, "a100": 8}
-    options = [(j, t, g) for j in range(2) for t, gs in (("t4", (1, 2, 4)), ("a100", (1, 2, 4, 8))) for g in gs]
+    options = [(j, ((t, g),)) for j in range(2) for t, gs in (("t4", (1, 2, 4)), ("a100", (1, 2, 4, 8)))
+               for g in gs]
+    options += [(j, (("t4", 2), ("a100", 4))) for j in range(2)]  # a configuration spanning both types
     costs = rng.uniform(-1.1, 0.5, len(options))
     chosen = SiaPolicy()._solve(2, options, costs, np.zeros(len(options), bool), capacity)
 
     def total(pick):  # pick: an option index or None per job
-        used = {t: sum(options[i][2] for i in pick if i is not None and options[i][1] == t) for t in capacity}
+        used = {t: sum(g for i in pick if i is not None for u, g in options[i][1] if u == t) for t in capacity}
         if any(used[t] > capacity[t] for t in capacity):
             return np.inf
         return sum(costs[i] for i in pick if i is not None)
@@ -36,16 +38,16 @@ def test_integer_program_matches_brute_force(seed):
     per_job = [[None] + [i for i, o in enumerate(options) if o[0] == j] for j in range(2)]
     best = min(total(pick) for pick in itertools.product(*per_job))
     assert sum(costs[options.index(c)] for c in chosen) == pytest.approx(best)
-    assert len({j for j, _, _ in chosen}) == len(chosen)  # at most one configuration per job
+    assert len({j for j, _ in chosen}) == len(chosen)  # at most one configuration per job
 
 
 def test_capacity_forced_config_and_no_allocation():
-    options = [(0, "t4", 4), (1, "t4", 4), (1, "t4", 2)]
+    options = [(0, (("t4", 4),)), (1, (("t4", 4),)), (1, (("t4", 2),))]
     costs = np.array([-0.9, -0.1, -1.0])
     policy = SiaPolicy()
     # Job 1 on 2 GPUs alone would be cheapest, but job 0 must keep its 4 (restarting): job 1 gets nothing.
-    assert policy._solve(2, options, costs, np.array([True, False, False]), {"t4": 4}) == [(0, "t4", 4)]
-    assert policy._solve(2, options, costs, np.zeros(3, bool), {"t4": 4}) == [(1, "t4", 2)]
+    assert policy._solve(2, options, costs, np.array([True, False, False]), {"t4": 4}) == [(0, (("t4", 4),))]
+    assert policy._solve(2, options, costs, np.zeros(3, bool), {"t4": 4}) == [(1, (("t4", 2),))]
     assert policy._solve(2, options, np.ones(3), np.zeros(3, bool), {"t4": 4}) == []  # costs > 0: nobody runs
 
 
@@ -102,7 +104,8 @@ def test_a_waiting_job_takes_gpus_only_when_that_costs_less(apps, monkeypatch, o
 
 def test_unchanged_jobs_keep_their_gpus():
     cluster = Cluster.parse("2x4:t4")
-    alloc = SiaPolicy._place({"a": ("t4", 1), "b": ("t4", 4), "c": ("t4", 2)}, {"a": (1,), "b": (1,)}, cluster)
+    alloc = SiaPolicy._place({"a": (("t4", 1),), "b": (("t4", 4),), "c": (("t4", 2),)}, {"a": (1,), "b": (1,)},
+                             cluster)
     assert alloc == {"a": (1,), "b": (0, 0, 0, 0), "c": (1, 1)}  # b grows into a whole node; a stays; c packs
 
 

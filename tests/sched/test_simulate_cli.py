@@ -103,3 +103,15 @@ def test_every_registered_policy_has_a_colour_of_its_own():
     from easyscale_ext.sched.plots import COLOURS
 
     assert len(POLICIES) > 10 and len({COLOURS[name] for name in POLICIES}) == len(POLICIES)
+
+
+def test_the_job_model_switches_reach_every_policy(tmp_path):
+    """--in-place, --freezing, the links and Sia's restart seconds are the run's, whatever the policy."""
+    assert simulate_cli.main(parse("--workload", WORKLOAD, "--policy", "sia", "--limit", "4", "--cluster", "4x4",
+                                   "--in-place", "on", "--freezing", "on", "--inter-node-gbps", "1.5",
+                                   "--calibration", "sia-restarts", "--out", str(tmp_path))) == 0
+    config = json.loads((tmp_path / "workload-6-sia.json").read_text())["config"]
+    assert (config["in_place"], config["freezing"], config["inter_node_gbps"]) == ("on", "on", 1.5)
+    assert config["restart_by_app"]["imagenet"] == 250 and config["slowdown"] == {}
+    with pytest.raises(SystemExit):
+        parse("--workload", WORKLOAD, "--in-place", "sometimes")

@@ -13,11 +13,12 @@ from ...placement import optimal_split
 
 from . import goodput
 from .efficiency import gain
+from .reallocation import PAUSE_S
 from .throughput import fit_perf_params
 
-# Seconds a job makes no progress when it changes its GPUs in place (stop-free, nothing restarts): the measured
-# pause of an in-place scale event (BENCHMARKS.md). The simulator's default for policies that scale in place.
-IN_PLACE_S = 0.07
+# The measured pause of an in-place scale event (BENCHMARKS.md), before the bytes a move sends
+# (models/reallocation.py costs a whole move).
+IN_PLACE_S = PAUSE_S
 
 
 class Job:
@@ -109,9 +110,10 @@ class AppJob(Job):
         self.observed = {}  # (nodes, replicas, micro-batch) -> (step time, sync time): what the agent measured
         self.perf = None  # throughput model fitted to `observed`
         self.grad = None  # last measured (grad_sqr, grad_var)
+        self._mixed = 0.0  # seconds per step on mixed GPU types (mixed_step)
 
-    # Layer freezing (IceFrog, policies/icefrog.py): None, or a timeline whose at(share of training done) gives the
-    # factors on compute time, sync time and progress per iteration; Policy.freezing sets it when the job is made.
+    # Layer freezing (models/freezing.py): None, or a timeline whose at(share of training done) gives the factors
+    # on compute time, sync time and progress per iteration; the simulator sets it where the job opts in.
     freezing = None
     slowdown = 1.0  # progresses this many times slower than its profiles say (a simulator's calibration)
 
@@ -138,6 +140,12 @@ class AppJob(Job):
             batch = self.batch_size or max(app.init_batch_size, app.min_local_bsz * reps)
             local, accum = goodput.fixed_batch_config(batch, reps, app)
         self.local_bsz, self.accum_steps = goodput.cap_local_bsz(local, accum, reps, app), accum
+        if len(self.groups) > 1:  # GPU types mixed: the batch runs as virtual workers (mixed_step)
+            self._mixed = mixed_step(app, reps * (accum + 1), self.local_bsz, tuple(self.groups.items()))
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.groups) > 1
 
     def _observe(self, step, sync, grad):
         self.grad = grad
@@ -154,6 +162,10 @@ class AppJob(Job):
         self.perf = fits[keys]
 
     def iteration_time(self) -> float:
+        if self.mixed:  # no per-type measurement to record; the step of the balanced split (mixed_step)
+            self.grad = self.app.noise.grad_stats(self.global_batch, self.epoch)
+            compute = 1.0 if self.freezing is None else self.freezing_factors()[0]  # whole step, approximately
+            return self._mixed * compute
         step, sync = self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz)
         if self.batch_size is None:
             self._observe(step, sync, self.app.noise.grad_stats(self.global_batch, self.epoch))
@@ -228,6 +240,14 @@ def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
         step = max(step, (k - 1) * compute[t] + cost * (full - sync) + sync)
     busy = [k * compute[t] for k, t in zip(sizes, types)]
     return step, 1 - sum(busy) / (len(busy) * max(busy))
+
+
+def mixed_step(app, workers, local_bsz, groups) -> float:
+    """Seconds per step of a job of any kind on GPUs of several types (`groups`: (GPU type, GPUs per node)
+    pairs): its global batch as `workers` virtual workers of `local_bsz` samples, split by the GPUs' measured
+    speeds (virtual_worker_step: placement.optimal_split, D2's measured cost, EasyScale's waste in the slowest
+    GPU's time). A job that mixes types runs on this runtime: it keeps its bits across types only at D2."""
+    return virtual_worker_step(app, workers, local_bsz, groups)[0]
 
 
 def make_job(spec, apps, batch_size):

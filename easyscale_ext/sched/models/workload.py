@@ -28,6 +28,7 @@ class JobSpec:
     heterogeneous: bool = False  # may mix GPU types (D2)
     preferred_gpu: Optional[str] = None
     epochs: Optional[int] = None  # None: the application's
+    freeze: bool = False  # opts in to layer freezing (models/freezing.py; a workload's optional `freeze` column)
 
 
 D2_MAX_COST = 1.1  # a job may mix GPU types where D2 costs its model at most this (step time over plain DDP's)
@@ -66,6 +67,7 @@ def load_workload(path, limit=None) -> list:
     if missing:
         raise ValueError(f"{path} lacks the column(s) {','.join(missing)} of a {kind} workload "
                          f"({','.join(FORMATS[kind])})")
+    freeze = [bool(int(x)) for x in cols["freeze"]] if "freeze" in cols else None
     if kind == "EasyScale":
         specs = [JobSpec(str(n), float(t), int(d), str(a), int(d) * int(b), virtual_workers=int(d),
                          heterogeneous=bool(int(h)), preferred_gpu=str(g), epochs=int(e))
@@ -80,6 +82,8 @@ def load_workload(path, limit=None) -> list:
                  for i, (t, g, d) in enumerate(zip(arrival, cols["num_gpus"], cols["duration"]))]
     if not specs:
         raise ValueError(f"{path} has no jobs")
+    if freeze is not None:  # an optional column of any format: 1 where the job opts in to layer freezing
+        specs = [replace(s, freeze=f) for s, f in zip(specs, freeze)]
     order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, specs[i].name))
     specs = [specs[i] for i in order]
     return specs[:limit] if limit else specs

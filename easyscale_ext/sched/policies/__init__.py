@@ -10,7 +10,7 @@ from .edl import EdlPolicy
 from .fifo import FifoPolicy
 from .icefrog import IceFrogPolicy
 from .optimus import OptimusPolicy
-from .ours import OursPolicy
+from .ours import REALLOCATION_S, OursPolicy
 from .pollux import PolluxPolicy
 from .saxena import SaxenaPolicy
 from .sia import SiaPolicy
@@ -28,7 +28,12 @@ POLICIES = {
     "saxena": lambda seed: SaxenaPolicy(),
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
     "sia": lambda seed: SiaPolicy(),
+    "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
+    "sia-mixed": lambda seed: OursPolicy(fast_growth=False, utility=False, in_place=False, name="sia-mixed"),
     "ours": lambda seed: OursPolicy(),
+    "ours-no-mixed": lambda seed: OursPolicy(mixed=False),
+    "ours-no-fast-growth": lambda seed: OursPolicy(fast_growth=False),
+    "ours-sia-objective": lambda seed: OursPolicy(utility=False),
     "icefrog": lambda seed: IceFrogPolicy(),
     "icefrog-nofreeze": lambda seed: IceFrogPolicy(freeze=False),
 }

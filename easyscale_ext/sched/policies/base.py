@@ -13,16 +13,14 @@ class Policy:
     name = ""
     profiled = False  # needs jobs of profiled applications (models their throughput), not bare trace jobs
     virtual_workers = False  # runs jobs as EasyScale's virtual workers (workload.as_virtual_workers)
-    in_place = False  # rescales running jobs in place (stop-free): a reallocation costs in_place_s, not restart_s
+    in_place = False  # its jobs run on this runtime and rescale in place (models/reallocation.py), unless a run
+    # says otherwise (SimConfig.in_place)
     one_gpu_type = False  # models a cluster of one GPU type only
+    mixes_types = False  # may run a job on several GPU types at once (virtual workers at D2, job.mixed_step)
 
     def batch_size(self, spec, app):
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""
         return spec.batch_size
-
-    def freezing(self, spec, app):
-        """The layer-freezing timeline the job trains with (icefrog.Freezing), or None: every layer trains."""
-        return None
 
     def optimize(self, now, jobs, cluster, allocations) -> dict:
         raise NotImplementedError

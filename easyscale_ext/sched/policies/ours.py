@@ -1,28 +1,95 @@
-"""Ours: Sia's goodput-optimising integer program, with the levers the EasyScale runtime adds to it.
+"""Ours: Sia's goodput-optimising integer program (policies/sia.py) with three allocation ideas that the EasyScale
+runtime makes possible, under the one job model every policy shares (models/reallocation.py: restarts or in-place
+moves by how the job runs; models/freezing.py: freezing off unless a job opts in).
 
-- Stop-free scaling: a running job changes its GPUs in place (contexts move between processes, nothing
-  restarts), so a reallocation costs the measured pause (models.job.IN_PLACE_S, 0.07 s) instead of a
-  checkpoint-restart, and the program discounts a change by that cost rather than a restart's: it follows
-  arrivals and completions round by round at no loss.
-- Layer freezing: jobs freeze converged front layers as our runtime does (runtime/freeze.py), on the timeline and with
-  the frozen penalty measured from it (icefrog.MEASURED): later steps skip most of the backward pass and of the
-  exchange, at a cost in progress per step that the timeline charges.
-- From Sia: per-type goodput estimates bootstrapped across GPU types, and jobs that tune their batch for goodput
-  (throughput times statistical efficiency), which the program values per configuration.
-Not used yet: mixing GPU types within a job (virtual workers at D2). It keeps the simulator's policy interface,
-so a real scheduler can run it unchanged.
+- Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
+  by the GPUs' measured speeds (job.mixed_step: placement.optimal_split, D2's measured cost, EasyScale's waste).
+  Sia keeps a job on one type. Besides Sia's one-type configurations, a job whose D2 costs at most 10 %
+  (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs) is offered pairs: g1 GPUs of the
+  type fastest for it and g2 of another, each a count Sia would offer on that type, g1 + g2 within twice the most
+  GPUs it has been measured on (a pair is never measured as such: its value rests on the one-type model). The
+  program values a pair as the job's modelled goodput on g1 + g2 GPUs of the fast type (its best batch there),
+  times that batch's step time on g1 + g2 fast GPUs over its step time on the pair (both job.mixed_step on the
+  profiles); a pair worth no more than either part alone is not offered. Each part counts on its type's GPUs.
+- Cheap-move growth (`fast_growth`): an in-place move costs about a second (the measured pause plus the state
+  over the links), not a restart, so the program discounts a change by that (Pollux's restart factor with
+  R = 1 s, not 30 s), and a job may be offered up to the whole cluster on one type (Sia: twice the most GPUs it
+  has been measured on, because a wrong guess costs it a restart; here a wrong guess is undone next round).
+- Throughput-oriented objective (`utility`): Sia's cost value^-0.5 strongly favours equalising jobs' speedups.
+  Ours maximises the sum of the square roots of the normalised goodputs (concave: still diminishing returns per
+  job, so no job is starved of a second GPU by a well-scaling one), every job first getting a GPU while GPUs last
+  (a constant far above any value, Sia's lambda_n in spirit). Reallocating towards throughput each round is what
+  cheap moves allow.
+Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
+makes them restart-based (the ablation's "ours, restart-based").
+
+Ablations (registry): ours-no-mixed, ours-no-fast-growth, ours-sia-objective; sia-mixed is Sia's program with the
+pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run it.
 """
-from ..models.job import IN_PLACE_S
-from .icefrog import MEASURED
-from .sia import SiaPolicy
+import numpy as np
+
+from ..models.goodput import packed
+from ..models.job import mixed_step
+from ..models.workload import D2_MAX_COST
+from .sia import MAX_GPUS, TINY, SiaPolicy, one_gpu_throughput
+
+REALLOCATION_S = 1.0  # the order of an in-place move's cost (reallocation.in_place_cost): pause + GBs at GB/s
+EVERY_JOB = 1e3  # what running at all is worth over any value: every job gets a GPU while GPUs last
+UTILITY = 0.5  # the exponent of the utility summed over jobs
 
 
 class OursPolicy(SiaPolicy):
-    name = "ours"
     in_place = True
 
-    def __init__(self, reallocation_s: float = IN_PLACE_S, **sia):
-        super().__init__(restart_s=reallocation_s, **sia)
+    def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True,
+                 reallocation_s: float = REALLOCATION_S, name=None, **sia):
+        restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
+        name = name or "ours" + ("" if mixed else "-no-mixed") + ("" if fast_growth else "-no-fast-growth") + (
+            "" if utility else "-sia-objective")
+        super().__init__(restart_s=restart_s, name=name, **sia)
+        self.mixed, self.fast_growth, self.utility = mixed, fast_growth, utility
+        self.mixes_types = mixed
+        self.growth = MAX_GPUS if fast_growth else 2
 
-    def freezing(self, spec, app):
-        return MEASURED
+    def _cost(self, value) -> float:
+        if not self.utility:
+            return super()._cost(value)
+        return -max(value, TINY) ** UTILITY - EVERY_JOB
+
+    def _configs(self, job, types, counts, per_node) -> dict:
+        goodput = {((t, g),): v for (t, g), v in self._goodputs(job, types, counts, per_node).items()}
+        if self.mixed and len(types) > 1 and job.spec.heterogeneous and not job.app.single_gpu \
+                and job.app.d2_cost <= D2_MAX_COST:
+            goodput.update(self._pairs(job, types, counts, per_node, goodput))
+        least = min((v for v in goodput.values() if v > 0), default=1.0)
+        return {c: v / least for c, v in goodput.items() if v > 0}
+
+    def _pairs(self, job, types, counts, per_node, single) -> dict:
+        """Goodput of each two-type configuration worth more than either part alone (module docstring)."""
+        estimator = self._estimator(job, types)
+        if not estimator:
+            return {}
+        app = job.app
+        limit = min(self._limit(job), 2 * max(job.max_profiled_replicas, 1))
+        speed = {t: one_gpu_throughput(app, t) for t in types}
+        fast = max(types, key=speed.get)
+        model, scale = estimator[fast]
+        out = {}
+        for other in (t for t in types if t != fast):
+            pairs = [(g1, g2) for g1 in counts[fast] for g2 in counts[other] if g1 + g2 <= limit]
+            if not pairs:
+                continue
+            g1, g2 = (np.array(x) for x in zip(*pairs))
+            nodes = np.ceil(g1 / per_node[fast]) + np.ceil(g2 / per_node[other])
+            good, local, accum = model.best(nodes, g1 + g2)
+            for a, b, v, m, s in zip(g1, g2, good * scale, local, accum):
+                a, b, workers = int(a), int(b), int((a + b) * (s + 1))
+                if v <= 0 or m < 1:
+                    continue
+                mixed = mixed_step(app, workers, int(m), ((fast, packed(a, per_node[fast])),
+                                                          (other, packed(b, per_node[other]))))
+                alone = mixed_step(app, workers, int(m), ((fast, packed(a + b, per_node[fast])),))
+                value = float(v) * alone / mixed
+                if value > max(single.get(((fast, a),), 0.0), single.get(((other, b),), 0.0)):
+                    out[(fast, a), (other, b)] = value
+        return out

@@ -50,10 +50,16 @@ class SiaPolicy(Policy):
     name = "sia"
     profiled = True
 
-    def __init__(self, p=-0.5, lambda_n=1.1, lambda_a=0.01, restart_s=30.0):
+    def __init__(self, p=-0.5, lambda_n=1.1, lambda_a=0.01, restart_s=30.0, in_place=None, name=None):
         if p >= 0:
             raise ValueError("Sia's costs value^p need p < 0 (its default is -0.5)")
         self.p, self.lambda_n, self.lambda_a, self.restart_s = p, lambda_n, lambda_a, restart_s
+        self.growth = 2  # a job is offered at most this many times the most GPUs it has been measured on
+        self.mixes_types = False  # offers configurations spanning GPU types (ours)
+        if in_place is not None:  # its jobs run in place (the ablation "Sia + in place"), discounting by restart_s
+            self.in_place = in_place
+        if name is not None:
+            self.name = name
         self._measured = {}  # job -> GPU type -> {(nodes, replicas, micro-batch): (step time, sync time)}
         self._seen = {}  # job -> its measurements already attributed to a type
         self._fits = {}  # (application, GPU type, frozenset of configurations) -> PerfParams
@@ -67,43 +73,68 @@ class SiaPolicy(Policy):
         types = list(dict.fromkeys(cluster.types))
         per_node = {t: max(g for g, u in zip(cluster.gpus, cluster.types) if u == t) for t in types}
         counts = {t: gpu_counts(per_node[t], cluster.types.count(t)) for t in types}
-        options, costs, forced = [], [], []  # one variable per (job, GPU type, GPUs)
+        options, costs, forced = [], [], []  # one variable per (job, configuration: ((GPU type, GPUs), ...))
         for j, job in enumerate(jobs):
             alloc = allocations.get(job.name)
-            current = (cluster.types[alloc[0]], len(alloc)) if alloc else None
+            current = config_of(alloc, cluster) if alloc else None
             age, r = now - job.arrival, self.restart_s
             factor = 1.0 if age < r else max(age - job.restarts * r, 0) / (age + r)
-            for config, value in self._values(job, types, counts, per_node).items():
+            for config, value in self._configs(job, types, counts, per_node).items():
                 change = current is not None and config != current  # starting a waiting job is no change
                 if change:
                     value *= factor
-                cost = min(max(value, TINY) ** self.p, CLIP) - self.lambda_n
-                options.append((j, *config))
+                cost = self._cost(value)
+                options.append((j, config))
                 costs.append(cost + (self.lambda_a if change else 0.0))
                 forced.append(config == current and job.delay_left > 0)  # no reallocation mid-restart
         chosen = self._solve(len(jobs), options, np.array(costs), np.array(forced), cluster.room(cluster.gpus))
-        return self._place({jobs[j].name: (t, g) for j, t, g in chosen}, allocations, cluster)
+        return self._place({jobs[j].name: config for j, config in chosen}, allocations, cluster)
+
+    def _cost(self, value) -> float:
+        """A configuration's cost in the program: value^p <= 1 less lambda_n (Sia's)."""
+        return min(max(value, TINY) ** self.p, CLIP) - self.lambda_n
+
+    def _configs(self, job, types, counts, per_node) -> dict:
+        """Normalised goodput per configuration ((GPU type, GPUs),) the job may be offered: one type each."""
+        return {((t, g),): v for (t, g), v in self._values(job, types, counts, per_node).items()}
 
     def _values(self, job, types, counts, per_node) -> dict:
         """Normalised goodput per (GPU type, GPUs) the job may be offered."""
+        goodput = self._goodputs(job, types, counts, per_node)
+        least = min((v for v in goodput.values() if v > 0), default=1.0)
+        return {c: v / least for c, v in goodput.items() if v > 0}
+
+    def _limit(self, job) -> int:
         app = job.app
-        if app.single_gpu:  # the artifact's rigid jobs: rated by their 1-GPU throughputs only
-            rate = {t: one_gpu_throughput(app, t) for t in types}
-            return {(t, 1): rate[t] / min(rate.values()) for t in types}
-        limit = min(max(2 * job.max_profiled_replicas, 1), MAX_GPUS, app.max_batch_size // app.min_local_bsz)
+        return min(max(self.growth * job.max_profiled_replicas, 1), MAX_GPUS, app.max_batch_size // app.min_local_bsz)
+
+    def _estimator(self, job, types):
+        """gpu_type -> (goodput model, throughput scale): the type's own model, else the first type's with a
+        model scaled by the two types' 1-GPU throughputs (Sia's bootstrapping); {} if none is measured."""
         models = {t: m for t in types if (m := self._model(job, t)) is not None}
         if not models:
-            return {(t, 1): 1.0 for t in types}
+            return {}
         source = next(iter(models))  # the first type in the cluster's order with a model, as in the artifact
+        return {t: (models[t], 1.0) if t in models else (
+            models[source], one_gpu_throughput(job.app, t) / one_gpu_throughput(job.app, source)) for t in types}
+
+    def _goodputs(self, job, types, counts, per_node) -> dict:
+        """Goodput per (GPU type, GPUs) the job may be offered, not normalised."""
+        app = job.app
+        if app.single_gpu:  # the artifact's rigid jobs: rated by their 1-GPU throughputs only
+            return {(t, 1): one_gpu_throughput(app, t) for t in types}
+        limit = self._limit(job)
+        estimator = self._estimator(job, types)
+        if not estimator:
+            return {(t, 1): 1.0 for t in types}
+        source = next(t for t in types if estimator[t][1] == 1.0 and self._model(job, t) is not None)
         goodput = {}
         for t in types:
             gpus = np.array([g for g in counts[t] if g <= limit])
-            model, scale = (models[t], 1.0) if t in models else (
-                models[source], one_gpu_throughput(app, t) / one_gpu_throughput(app, source))
-            nodes = np.ceil(gpus / per_node[t if t in models else source])
+            model, scale = estimator[t]
+            nodes = np.ceil(gpus / per_node[t if self._model(job, t) is not None else source])
             goodput.update(zip(((t, int(g)) for g in gpus), model.best(nodes, gpus)[0] * scale))
-        least = min((v for v in goodput.values() if v > 0), default=1.0)
-        return {c: v / least for c, v in goodput.items() if v > 0}
+        return goodput
 
     def _model(self, job, gpu_type):
         measured = self._measured.get(job.name, {}).get(gpu_type)
@@ -131,16 +162,19 @@ class SiaPolicy(Policy):
         self._measured = {n: m for n, m in self._measured.items() if n in active}
 
     def _solve(self, num_jobs, options, costs, forced, capacity) -> list:
-        """The (job, GPU type, GPUs) chosen: at most one per job, within each type's GPUs, least total cost."""
+        """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost."""
         if not options:
             return []
-        jobs = np.array([j for j, _, _ in options])
+        jobs = np.array([j for j, _ in options])
         types = list(capacity)
-        type_of = np.array([types.index(t) for _, t, _ in options])
-        gpus = np.array([g for _, _, g in options], dtype=float)
-        cols = np.arange(len(options))
-        one_each = csr_array((np.ones(len(options)), (jobs, cols)), shape=(num_jobs, len(options)))
-        fits = csr_array((gpus, (type_of, cols)), shape=(len(types), len(options)))
+        rows, cols, gpus = [], [], []
+        for i, (_, config) in enumerate(options):
+            for gpu_type, g in config:
+                rows.append(types.index(gpu_type))
+                cols.append(i)
+                gpus.append(float(g))
+        one_each = csr_array((np.ones(len(options)), (jobs, np.arange(len(options)))), shape=(num_jobs, len(options)))
+        fits = csr_array((gpus, (rows, cols)), shape=(len(types), len(options)))
         result = milp(costs, integrality=np.ones(len(options)), bounds=Bounds(forced.astype(float), 1.0),
                       constraints=[LinearConstraint(one_each, 0, 1),
                                    LinearConstraint(fits, 0, [capacity[t] for t in types])])
@@ -150,11 +184,21 @@ class SiaPolicy(Policy):
 
     @staticmethod
     def _place(chosen, allocations, cluster) -> dict:
-        """Node indices for each job's (GPU type, GPUs): unchanged ones stay, the rest go largest first."""
-        result = {n: a for n, a in allocations.items()
-                  if n in chosen and (cluster.types[a[0]], len(a)) == chosen[n]}
+        """Node indices for each job's configuration: unchanged ones stay, the rest go largest first, each part on
+        its type's nodes (one that fits on a node to the fullest node that holds it)."""
+        result = {n: a for n, a in allocations.items() if n in chosen and config_of(a, cluster) == chosen[n]}
         free = cluster.free(result)
-        for name in sorted((n for n in chosen if n not in result), key=lambda n: -chosen[n][1]):
-            gpu_type, gpus = chosen[name]
-            result[name] = place(free, gpus, cluster.nodes_of(gpu_type), best_fit=True)
+        size = lambda n: -sum(g for _, g in chosen[n])  # noqa: E731
+        for name in sorted((n for n in chosen if n not in result), key=size):
+            result[name] = sum((place(free, gpus, cluster.nodes_of(gpu_type), best_fit=True)
+                                for gpu_type, gpus in chosen[name]), ())
         return result
+
+
+def config_of(alloc, cluster) -> tuple:
+    """An allocation's configuration: ((GPU type, GPUs), ...) in the cluster's order of types."""
+    counts = {}
+    for node in alloc:
+        counts[cluster.types[node]] = counts.get(cluster.types[node], 0) + 1
+    order = list(dict.fromkeys(cluster.types))
+    return tuple(sorted(counts.items(), key=lambda item: order.index(item[0])))
