@@ -70,6 +70,7 @@ class Scheduler:
         self.last_step: Dict[str, tuple] = {}  # job id -> (time, step) of its last progress report
         self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
+        self.placing: List[ray.ObjectRef] = []  # supervisors' place() calls not known to have succeeded yet
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
         self.rounds: List[float] = []  # seconds each round took (decision and actuation)
@@ -213,8 +214,9 @@ class Scheduler:
         self.table.unreserve(slot_id)
 
     def _place(self, job_id: str, nodes: List[str]) -> None:
-        """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so."""
-        ray.get(self.supervisors[job_id].place.remote(nodes))
+        """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
+        starts (it imports torch for the job's store) while the scheduler goes on."""
+        self.placing.append(self.supervisors[job_id].place.remote(nodes))  # not awaited: a round stays short
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
             self.models[job_id].allocate({self.slot_type: placement_of(nodes)}, 0.0)
@@ -232,6 +234,12 @@ class Scheduler:
             self.rounds.append(time.perf_counter() - start)
 
     def _round(self) -> None:
+        done, self.placing = ray.wait(self.placing, num_returns=len(self.placing), timeout=0)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:  # the job's supervisor says why; its job ends and is reported
+                log.exception("placing a job failed")
         slots = slot_nodes()
         for slot_id, node in self.table.reservations():
             if node not in slots:  # went with its node

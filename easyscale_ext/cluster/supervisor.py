@@ -22,7 +22,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import placement
-from . import NAMESPACE, SLOT
+from . import NAMESPACE, NODE_ENV, SLOT
 from .worker import SlotWorker
 
 log = logging.getLogger(__name__)
@@ -109,12 +109,14 @@ class JobSupervisor:
     def _start(self, name: str, node: str, joining: bool) -> None:
         env = dict(self.env)
         env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
-                    self.client.JOIN_ENV: "1" if joining else "0"})
+                    self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
         self.node_of[name] = node
         if joining:
             self.joiners.add(name)
-        self.workers[name] = SlotWorker.options(
-            resources={SLOT: 1}, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        gpu_node = any(n["NodeID"] == node and n["Resources"].get("GPU") for n in ray.nodes())
+        self.workers[name] = SlotWorker.options(  # on a GPU node a slot is a GPU: Ray sets CUDA_VISIBLE_DEVICES
+            resources={SLOT: 1}, num_gpus=1 if gpu_node else 0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
             [sys.executable] + self.argv, env, os.path.join(self.log_dir, f"{name}.log"))
 

@@ -79,3 +79,23 @@ def test_an_unknown_policy_or_job_is_a_clear_error(cluster, scheduler, tmp_path)
         ray.get(scheduler.submit.remote([JOB], 4, application="gpt9"))
     with pytest.raises(ray.exceptions.RayTaskError, match="no job 'nope'"):
         ray.get(scheduler.cancel.remote("nope"))
+
+
+def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path):
+    state = str(tmp_path / "state")
+    first = launch(state, "fifo", 0.5)
+    job = ray.get(first.submit.remote(job_argv(tmp_path / "hash", 2) + ["--steps", "12"], 2, 1, 1, "kept", ENV))
+    deadline = time.monotonic() + 120
+    while (ray.get(first.status.remote(job))[0]["live"] or {}).get("progress") is None:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    ray.kill(first)  # as a crash of its actor: the job's supervisor and processes live on
+    second = launch(state, "fifo", 0.5)
+    try:
+        while ray.get(second.status.remote(job))[0]["state"] == "running":
+            assert time.monotonic() < deadline + 120, "the job did not end under the new scheduler"
+            time.sleep(0.2)
+        assert ray.get(second.status.remote(job))[0]["state"] == "finished"
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+    finally:
+        ray.kill(second)
