@@ -100,9 +100,7 @@ def idle_slot():
 
     with tempfile.TemporaryDirectory() as tmp:
         worker = SlotWorker.remote(["sleep", "60"], {}, os.path.join(tmp, "idle.log"))
-        ray.get(worker.poll.remote())
-        sleeper = next(p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"][:2] == ["sleep", "60"])
-        actor = psutil.Process(sleeper.ppid())
+        actor = psutil.Process(ray.get(worker.__ray_call__.remote(lambda self: os.getpid())))
         before = sum(actor.cpu_times()[:2])
         time.sleep(10)
         cpu = (sum(actor.cpu_times()[:2]) - before) / 10 * 100
