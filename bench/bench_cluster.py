@@ -31,7 +31,7 @@ def run_for_real(policy, trace, steps, round_s, work):
 
     scheduler = launch(os.path.join(work, policy, "state"), policy, round_s)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    begin, ids, first_step = time.time(), [], {}
+    begin, ids = time.time(), []
     pending = list(enumerate(trace))
     while True:
         while pending and time.time() - begin >= pending[0][1][0]:
