@@ -12,6 +12,7 @@ made non-preemptive (a running job keeps a slot: cluster mode changes jobs only 
     python bench/bench_cluster.py --policies fifo --jobs 4
 """
 import argparse
+from dataclasses import replace
 import os
 import statistics
 import sys
@@ -73,15 +74,15 @@ def simulate_run(policy, result, steps, round_s, start_s, pause_s):
     from easyscale_ext.sched.models.application import Applications
     from easyscale_ext.sched.models.cluster import Cluster
     from easyscale_ext.sched.models.traces import data_dir
-    from easyscale_ext.sched.models.workload import JobSpec
+    from easyscale_ext.sched import live
     from easyscale_ext.sched.policies import POLICIES
     from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
     apps = Applications(data_dir())
-    batch = {a: VIRTUAL_WORKERS * max(1, apps[a].init_batch_size // VIRTUAL_WORKERS) for a in APPS}
-    specs = [JobSpec(j["name"], j["arrival"], VIRTUAL_WORKERS, app=j["app"], batch_size=batch[j["app"]],
-                     virtual_workers=VIRTUAL_WORKERS, epochs=1) for j in result.jobs]
+    # each job as the scheduler modelled it (sched.live), now known to last one (shortened) epoch
+    specs = [replace(live.job_model(j["name"], j["arrival"], VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]]).spec,
+                     epochs=1) for j in result.jobs]
     cluster = Cluster.parse(f"{NODES}x{SLOTS}:t4")
     wrapped = NonPreemptive(POLICIES[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
