@@ -48,6 +48,7 @@ class JobSupervisor:
         self.joiners: set = set()  # processes started to join
         self.withdrawn: set = set()  # joiners told to leave before they were admitted
         self.desired: List[str] = []  # node ids, one per process
+        self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
@@ -138,6 +139,10 @@ class JobSupervisor:
             name = polls[ref]
             try:
                 code = ray.get(ref)
+            except ray.exceptions.ActorUnschedulableError:  # placed on a node as it went
+                code = -9
+                self.withdrawn.add(name)
+                self.unreachable.add(self.node_of[name])
             except ray.exceptions.RayActorError:  # its node is gone, and the process with it
                 code = -9
                 self.withdrawn.add(name)  # a joiner lost so is no failure of the script
@@ -164,7 +169,7 @@ class JobSupervisor:
         pending = [w for w in alive if w in self.joiners and w not in members and w not in self.withdrawn
                    and not store.check([f"admit/{w}"])]
         holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)
-        wanted = Counter(self.desired)
+        wanted = Counter(n for n in self.desired if n not in self.unreachable)  # the scheduler drops it next round
         withdrawn = False
         for node in {self.node_of[w] for w in pending}:  # joiners for slots the job no longer gets withdraw
             mine = [w for w in pending if self.node_of[w] == node]
@@ -178,8 +183,9 @@ class JobSupervisor:
         for node, count in (wanted - holding).items():  # grow first: a move never drops below the job's size
             for _ in range(count):
                 pending.append(self._spawn(node, joining=True))
-        if pending or withdrawn:
-            store.set("target", str(len(members) + len(pending)))
+        target = len(members) + len(pending)
+        if pending or withdrawn or int(store.get("target")) > target:  # the last: a joiner lost with its node
+            store.set("target", str(target))
         if pending:
             return
         for node, count in (holding - wanted).items():  # then shrink: release the processes on slots to leave

@@ -37,10 +37,14 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
         assert job["state"] in ("queued", "running"), f"the long job ended before the events: {log}"
         return sorted(live.get("nodes", []))
 
+    def logs():  # pytest.fail, unlike assert, prints all of it
+        return "\n".join(f"{p.relative_to(tmp_path)}: {p.read_text()[-800:]}" for p in tmp_path.glob("state/logs/*/*"))
+
     def wait(what, condition, timeout=90):
         deadline = time.monotonic() + timeout
         while not condition():
-            assert time.monotonic() < deadline, f"no {what} within {timeout} s: {log}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {what} within {timeout} s: {log}\n{logs()}")
             time.sleep(0.3)
 
     begin = time.monotonic()
@@ -61,8 +65,9 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
         jobs = {j["id"]: j for j in ray.get(scheduler.status.remote())}
         if all(j["state"] not in ("queued", "running") for j in jobs.values()):
             break
-        assert time.monotonic() < deadline, (log[-5:], [(j["id"], j["state"], j["live"]) for j in jobs.values()],
-                                             {p.name: p.read_text()[-600:] for p in tmp_path.glob("state/logs/*/*")})
+        if time.monotonic() > deadline:
+            pytest.fail(f"jobs still queued or running: {[(j['id'], j['state'], j['live']) for j in jobs.values()]}\n"
+                        f"{log[-5:]}\n{logs()}")
         time.sleep(0.5)
     assert [jobs[i]["state"] for i in [long_job, *short]] == ["finished"] * 3, log
     events = sorted({tuple(map(int, line.split()[1:3])) for line in (tmp_path / "e0").read_text().splitlines()})

@@ -41,3 +41,24 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
     assert out.read_text() == run_job("reference", **JOB_ARGS)
+
+
+def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(cluster, tmp_path):
+    """A scheduler may place a joiner on a node in the moment it goes: Ray cannot schedule that process. The
+    supervisor gives the slot up (no retries there) and the job goes on and ends on the slots it has."""
+    a, _ = cluster.node_ids()
+    gone = "ab" * 28  # a node id no live node has
+    out = tmp_path / "hash"
+    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--virtual-workers", "4",
+            "--steps", "8", "--epochs", "2", "--step-sleep", "0.2"]
+    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)).remote(
+        "job-gone", argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
+    status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
+    ray.get(supervisor.place.remote([a]))
+    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    ray.get(supervisor.place.remote([a, gone]))
+    wait(lambda: status()["done"] is not None, "the end")
+    assert status()["done"] == 0
+    assert ray.get(supervisor.processes.remote()) == ["w0", "w1"]  # one try on the node that is gone
+    assert out.read_text() == run_job("reference", **JOB_ARGS)
