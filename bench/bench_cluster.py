@@ -4,9 +4,11 @@ Ray cluster and in `easyscale_ext.sched.simulate`; markdown for BENCHMARKS.md.
 Each job is a real EasyScaleDDP process group (bench/cluster_job.py) of 4 virtual workers whose steps are padded
 to its application's profiled step time on the slots it holds: this machine has no GPUs, so each step's device
 time is emulated (t4 profiles). Jobs arrive every --gap seconds. The simulation gets the run's own measured
-costs: a job's first start (allocation to its first step), the in-place pause of a scale event, and each job's
-length (its steps as a share of the application's epoch, the simulator's slowdown). Both drivers run the policy
-made non-preemptive (a running job keeps a slot: cluster mode changes jobs only in place).
+costs: a job's first start (allocation to its first step), the in-place pause of a scale event, a job's exit
+(last step to its processes' exit: it holds its slots until then), and each job's length (its steps as a share of
+the application's epoch, the simulator's slowdown); and it starts a round at each arrival, as the scheduler does
+on a submission. Both drivers run the policy made non-preemptive (a running job keeps a slot: cluster mode
+changes jobs only in place).
 
     python bench/bench_cluster.py                       # fifo and easyscale-homo, 8 jobs, ~8 min on 2 cores
     python bench/bench_cluster.py --policies fifo --jobs 4
@@ -54,22 +56,21 @@ def run_for_real(policy, trace, steps, round_s, work):
         with open(os.path.join(job["log_dir"], "w0.log")) as f:
             digests.update(line.split()[-1] for line in f if "sha256" in line)
     ray.kill(scheduler)
-    pauses, starts = [], []
+    pauses, starts, exits = [], [], []
+    t0 = min(j["submitted"] for j in jobs)
+    records = {r["name"]: r for r in result.jobs}
     for i, job in enumerate(jobs):
         with open(os.path.join(work, policy, f"steps{i}.log")) as f:
             rows = [tuple(map(float, line.split())) for line in f]
-        first = min(s for (name, s, _, _) in result.segments if name == job["id"]) + result_t0(jobs)
+        first = min(s for (name, s, _, _) in result.segments if name == job["id"]) + t0
         starts.append(rows[0][2] - first)
+        exits.append(records[job["id"]]["completion"] + t0 - rows[-1][3])
         usual = statistics.median(b[2] - a[3] for a, b in zip(rows, rows[1:]) if a[1] == b[1])
         pauses += [b[2] - a[3] - usual for a, b in zip(rows, rows[1:]) if a[1] != b[1]]
-    return result, rounds, digests, pauses, starts
+    return result, rounds, digests, pauses, starts, exits
 
 
-def result_t0(jobs):
-    return min(j["submitted"] for j in jobs)
-
-
-def simulate_run(policy, result, steps, round_s, start_s, pause_s):
+def simulate_run(policy, result, steps, round_s, start_s, pause_s, exit_s):
     from easyscale_ext.sched.metrics import summarize
     from easyscale_ext.sched.models.application import Applications
     from easyscale_ext.sched.models.cluster import Cluster
@@ -86,8 +87,8 @@ def simulate_run(policy, result, steps, round_s, start_s, pause_s):
     cluster = Cluster.parse(f"{NODES}x{SLOTS}:t4")
     wrapped = NonPreemptive(POLICIES[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
-    config = SimConfig(round_s=round_s, start_s=start_s, restart_s=start_s, in_place_s=pause_s,
-                       slowdown={a: steps / apps[a].noise.progress_at(1) for a in APPS})
+    config = SimConfig(round_s=round_s, start_s=start_s, restart_s=start_s, in_place_s=pause_s, exit_s=exit_s,
+                       rounds_at_arrivals=True, slowdown={a: steps / apps[a].noise.progress_at(1) for a in APPS})
     simulated = simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
     return summarize(simulated, cluster.total_gpus)
 
@@ -129,25 +130,26 @@ def main():
     try:
         with tempfile.TemporaryDirectory() as work:
             for policy in args.policies.split(","):
-                result, rounds, hashes, pauses, starts = run_for_real(policy, trace, args.steps, args.round, work)
+                result, rounds, hashes, pauses, starts, exits = run_for_real(policy, trace, args.steps, args.round,
+                                                                             work)
                 digests |= hashes
                 from easyscale_ext.sched.metrics import summarize
                 real = summarize(result, NODES * SLOTS)
                 pause = statistics.median(pauses) if pauses else 0.0
-                start = statistics.median(starts)
-                sim = simulate_run(policy, result, args.steps, args.round, start, max(pause, 0.0))
+                start, exit_s = statistics.median(starts), statistics.median(exits)
+                sim = simulate_run(policy, result, args.steps, args.round, start, max(pause, 0.0), exit_s)
                 rows.append((policy, real["avg_jct"], sim["avg_jct"], real["makespan"], sim["makespan"],
-                             statistics.median(rounds), max(rounds), len(pauses), pause, start))
+                             statistics.median(rounds), max(rounds), len(pauses), pause, start, exit_s))
                 print(f"{policy}: done", file=sys.stderr, flush=True)
             rss, cpu = idle_slot()
     finally:
         cluster.shutdown()
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
-          "| round median / max (s) | scale events | pause median (s) | first start median (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for p, real, sim, mreal, msim, rmed, rmax, events, pause, start in rows:
+          "| round median / max (s) | scale events | pause median (s) | first start median (s) | exit median (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for p, real, sim, mreal, msim, rmed, rmax, events, pause, start, exit_s in rows:
         print(f"| {p} | {real:.1f} | {sim:.1f} | {sim / real:.2f} | {mreal:.1f} | {msim:.1f} | {rmed:.3f} / "
-              f"{rmax:.3f} | {events} | {pause:.2f} | {start:.1f} |")
+              f"{rmax:.3f} | {events} | {pause:.2f} | {start:.1f} | {exit_s:.1f} |")
     order_real = [r[0] for r in sorted(rows, key=lambda r: r[1])]
     order_sim = [r[0] for r in sorted(rows, key=lambda r: r[2])]
     print(f"\nordering by avg JCT: real {order_real}, simulated {order_sim} "

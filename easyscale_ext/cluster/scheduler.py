@@ -280,14 +280,17 @@ class Scheduler:
 
     def _follow(self, now: float) -> None:
         """Jobs that ended leave; the others' models follow what they measured."""
-        for job_id, supervisor in list(self.supervisors.items()):
+        asked = {supervisor.status.remote(): job_id for job_id, supervisor in self.supervisors.items()}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)  # one still starting: next round
+        for ref in answered:
+            job_id = asked[ref]
             try:
-                state = ray.get(supervisor.status.remote())
+                state = ray.get(ref)
             except ray.exceptions.RayActorError:  # the supervisor died (with the head node's processes)
-                state = {"done": -9, "progress": None}
+                state = {"done": -9, "done_at": None, "progress": None}
             if state["done"] is not None:
-                self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
-                                  exit_code=state["done"], finished=time.time(), nodes=[])
+                self.table.update(job_id, state="finished" if state["done"] == 0 else "failed", exit_code=state["done"],
+                                  finished=state["done_at"] or time.time(), nodes=[])
                 for table in (self.supervisors, self.models, self.followed, self.last_step):
                     table.pop(job_id, None)
                 continue

@@ -52,6 +52,7 @@ class JobSupervisor:
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
+        self.done_at: Optional[float] = None  # when (a scheduler's round may come later: this is the job's end)
         self.lock = threading.Lock()
         threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
 
@@ -91,7 +92,7 @@ class JobSupervisor:
         return {"address": self.address, "members": members,
                 "nodes": [self.node_of[m] for m in members],
                 "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
-                "progress": progress, "exited": dict(self.exit_codes), "done": self.done}
+                "progress": progress, "exited": dict(self.exit_codes), "done": self.done, "done_at": self.done_at}
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         return ray.get(self.workers[worker].log.remote(offset))
@@ -157,6 +158,7 @@ class JobSupervisor:
             codes = [self.exit_codes[m] for m in members] or [0]
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
+            self.done_at = time.time()
             self.done = next((c for c in codes if c != 0), 0)
             for w in self.workers.values():  # detached: they go with the job, and their processes with them
                 ray.kill(w)

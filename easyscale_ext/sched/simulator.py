@@ -38,6 +38,8 @@ class SimConfig:
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
+    exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
+    rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
 
 
@@ -83,6 +85,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
         job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
+    for job in jobs:
+        job.exit_s = config.exit_s
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
     paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
@@ -91,11 +95,15 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     now, arrived, idle = 0.0, 0, 0
     while len(records) < len(jobs):
         if not active:  # idle cluster: skip to the round in which the next job arrives
-            now = max(now, math.ceil(jobs[arrived].arrival / config.round_s) * config.round_s)
+            now = max(now, jobs[arrived].arrival if config.rounds_at_arrivals else
+                      math.ceil(jobs[arrived].arrival / config.round_s) * config.round_s)
         else:
+            step = config.round_s
+            if config.rounds_at_arrivals and arrived < len(jobs):
+                step = min(step, jobs[arrived].arrival - now)
             for job in running.values():
-                job.advance(now, config.round_s)
-            now += config.round_s
+                job.advance(now, step)
+            now += step
         while arrived < len(jobs) and jobs[arrived].arrival <= now:
             job = jobs[arrived]
             active[job.name], paused[job.name] = job, job.progress

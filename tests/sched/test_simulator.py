@@ -123,3 +123,17 @@ def test_a_calibrated_job_progresses_slower_and_pays_its_applications_restart(ap
     assert end(slowdown={"cifar10": 2.0}) == pytest.approx(2 * plain)  # half the progress per second
     assert end(restart_by_app={"cifar10": 50.0}) == pytest.approx(plain + 50)  # its own start cost, not start_s
     assert end(restart_by_app={"bert": 50.0}) == plain  # another application's
+
+
+def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_can_start_rounds():
+    """Cluster mode's two timings, off by default: a job's processes exit after its last step (`exit_s`, it
+    keeps its GPUs meanwhile), and a submission starts a round at once (`rounds_at_arrivals`)."""
+    jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 1, 1, duration=100)]  # one GPU: b waits for a
+
+    def run(**timing):
+        result = simulate(jobs, FifoPolicy(), Cluster.parse("1x1"), None, SimConfig(start_s=0, **timing))
+        return [(j["start"], j["completion"]) for j in result.jobs]
+
+    assert run() == [(0, 100), (120, 220)]  # rounds at 0, 60, 120: b starts at the first after a's end
+    assert run(exit_s=30) == [(0, 130), (180, 310)]  # a's GPU is free only at 130
+    assert run(rounds_at_arrivals=True) == [(0, 100), (121, 221)]  # rounds at 0, 1 (b's arrival), 61, 121

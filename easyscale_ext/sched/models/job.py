@@ -30,6 +30,8 @@ class Job:
         self.placement = ()  # GPUs on each node it holds, all types
         self.gpu_type = None  # the GPU type it runs on; None if none or several
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
+        self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
+        self.exit_left = None  # seconds of that exit still to pass, once its last step is done
         self.completion = None
         self.attained = 0.0  # GPU-seconds held
         self.run_s = 0.0  # seconds holding GPUs
@@ -60,9 +62,18 @@ class Job:
         """Let `seconds` pass from time `now`."""
         if self.completion is not None or not self.placement:
             return
-        wait = min(self.delay_left, seconds)
-        self.delay_left -= wait
-        used = wait + (self._work(now + wait, seconds - wait) if seconds > wait else 0.0)
+        used = min(self.delay_left, seconds)
+        self.delay_left -= used
+        if self.exit_left is None and seconds > used:
+            used += self._work(now + used, seconds - used)
+            if self.completion is not None and self.exit_s:  # its last step is done; it ends when it has exited
+                self.exit_left, self.completion = self.exit_s, None
+        if self.exit_left is not None and seconds > used:
+            out = min(self.exit_left, seconds - used)
+            self.exit_left -= out
+            used += out
+            if self.exit_left <= 0:
+                self.completion = now + used
         self.attained += used * self.num_gpus
         self.run_s += used
 
