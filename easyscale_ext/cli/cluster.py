@@ -9,6 +9,7 @@ reach the scheduler through Ray; the cluster's address and state folder are kept
 """
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -78,11 +79,19 @@ def _saved() -> dict:
         return json.load(f)
 
 
+def _ray_env(saved: dict) -> dict:
+    """What a process that starts or joins the cluster's Ray needs in its environment (before ray loads): a
+    cluster started here stays on loopback and requires its token."""
+    if not saved["local"]:
+        return {}
+    from ..cluster.local import loopback_env
+    return dict(loopback_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=saved["token"]) if "token" in saved \
+        else loopback_env()  # started by a version without it
+
+
 def _connect(saved: dict):
     """This process joined to the cluster's Ray, and the scheduler's handle."""
-    if saved["local"]:
-        from ..cluster.local import use_loopback
-        use_loopback()  # before ray loads
+    os.environ.update(_ray_env(saved))
     import ray
 
     from ..cluster import NAMESPACE
@@ -114,28 +123,30 @@ def start(args) -> int:
     state = home()
     os.makedirs(state, exist_ok=True)
     local = args.address is None
-    address = args.address
+    saved = {"address": args.address, "local": local, "state": os.path.join(state, "state"),
+             "token": os.path.join(state, "ray_auth_token")}
     if local:
         from ..cluster import SLOT
-        from ..cluster.local import HOST, loopback_env
+        from ..cluster.local import HOST
 
         with socket.socket() as s:
             s.bind((HOST, 0))
             port = s.getsockname()[1]
-        address = f"{HOST}:{port}"
+        saved["address"] = f"{HOST}:{port}"
+        if not os.path.exists(saved["token"]):  # Ray's token auth: its ports answer only who holds this file
+            with os.fdopen(os.open(saved["token"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(secrets.token_hex(32))
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
                                   "--resources", json.dumps({SLOT: args.slots}), "--include-dashboard", "false",
-                                  "--disable-usage-stats"], env=dict(os.environ, **loopback_env()),
+                                  "--disable-usage-stats"], env=dict(os.environ, **_ray_env(saved)),
                                  capture_output=True, text=True)
         if started.returncode != 0:
             raise UsageError(f"Ray did not start: {started.stderr.strip().splitlines()[-1:]}")
-    saved = {"address": address, "local": local, "state": os.path.join(state, "state")}
     with open(os.path.join(state, "cluster.json"), "w") as f:
         json.dump(saved, f)
-    if local:
-        from ..cluster.local import use_loopback
-        use_loopback()
+    address = saved["address"]
+    os.environ.update(_ray_env(saved))
     import ray
 
     from ..cluster import NAMESPACE

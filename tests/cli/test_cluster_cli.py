@@ -32,6 +32,14 @@ def test_jobs_submitted_to_a_local_cluster_run_to_their_fixed_bits(easyscale, tm
     assert out.returncode == 2 and "unknown policy 'nope': choose one of fifo" in out.stderr, out.stderr
     out = easyscale("cluster", "start", "--slots", "3", "--round", "0.5")
     assert out.returncode == 0 and "scheduler running" in out.stdout, out.stderr
+    saved = json.loads((tmp_path / "home" / "cluster.json").read_text())
+    assert oct((tmp_path / "home" / "ray_auth_token").stat().st_mode & 0o777) == "0o600"
+    from easyscale_ext.cluster.local import loopback_env
+    stranger = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={saved['address']!r})"],
+                              capture_output=True, text=True, timeout=120,
+                              env=dict({k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
+                                       **loopback_env()))
+    assert stranger.returncode != 0 and "InvalidAuthToken" in stranger.stderr, stranger.stderr[-2000:]  # no token
     jobs = []
     for procs in (2, 1):
         out = easyscale("submit", "--virtual-workers", "4", "--max-procs", str(procs), EXAMPLE)
