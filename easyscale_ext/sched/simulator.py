@@ -39,6 +39,7 @@ class SimConfig:
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
+    join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
 
@@ -127,9 +128,12 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             if config.check and name in paused and job.progress != paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
-            delay = reallocation_cost(job, allocations.get(name, ()), alloc, cluster, config, in_place) \
-                if alloc else 0.0
-            job.allocate(cluster.groups(alloc), delay)
+            old = allocations.get(name, ())
+            delay = reallocation_cost(job, old, alloc, cluster, config, in_place) if alloc else 0.0
+            if in_place and old and alloc and config.join_s and Counter(alloc) - Counter(old):
+                job.allocate_after(cluster.groups(alloc), delay, config.join_s)  # joiners start first
+            else:
+                job.allocate(cluster.groups(alloc), delay)
             _close(segments, opened, name, now)
             if alloc:
                 running[name] = job

@@ -137,3 +137,32 @@ def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_can_start_rounds(
     assert run() == [(0, 100), (120, 220)]  # rounds at 0, 60, 120: b starts at the first after a's end
     assert run(exit_s=30) == [(0, 130), (180, 310)]  # a's GPU is free only at 130
     assert run(rounds_at_arrivals=True) == [(0, 100), (121, 221)]  # rounds at 0, 1 (b's arrival), 61, 121
+
+
+class GrowAt(Policy):
+    """One GPU, then two from `at` on (in place)."""
+    name, profiled, in_place = "grow-at", True, True
+
+    def __init__(self, at, gpus=(1, 2)):
+        self.at, self.gpus = at, gpus
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {j.name: (0,) * self.gpus[now >= self.at] for j in jobs}
+
+    def batch_size(self, spec, app):
+        return 128
+
+
+def test_processes_that_join_in_place_prepare_while_the_job_trains_as_before(apps):
+    """`join_s`: the new processes of an in-place growth start while the job trains on its old GPUs, so the
+    growth pays off that much later; a shrink starts no process and pays nothing."""
+    spec = JobSpec("a", 0, 1, "cifar10", 128, epochs=8)  # 320 s on one GPU
+
+    def end(policy, **timing):
+        config = SimConfig(start_s=0, in_place_s=0, **timing)
+        return simulate([spec], policy, Cluster.parse("1x2"), apps, config).jobs[0]["completion"]
+
+    alone, grown = end(GrowAt(at=1e9)), end(GrowAt(at=60))
+    assert grown < end(GrowAt(at=60), join_s=30) < alone
+    assert end(GrowAt(at=60), join_s=1e6) == alone  # its joiners never get ready: one GPU to the end
+    assert end(GrowAt(at=60, gpus=(2, 1)), join_s=30) == end(GrowAt(at=60, gpus=(2, 1)))

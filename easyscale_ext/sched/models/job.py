@@ -32,6 +32,7 @@ class Job:
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
         self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
+        self.joining = None  # (groups, pause, seconds left): new processes preparing to join (allocate_after)
         self.completion = None
         self.attained = 0.0  # GPU-seconds held
         self.run_s = 0.0  # seconds holding GPUs
@@ -48,6 +49,7 @@ class Job:
     def allocate(self, groups, delay):
         """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
         seconds."""
+        self.joining = None
         self.groups = {t: tuple(p) for t, p in groups.items() if p}
         self.placement = sum(self.groups.values(), ())
         self.gpu_type = next(iter(self.groups)) if len(self.groups) == 1 else None
@@ -58,8 +60,26 @@ class Job:
             self.starts += 1
             self._configure()
 
+    def allocate_after(self, groups, delay, prepare_s):
+        """Change in place to `groups` once the new processes have prepared (`prepare_s` seconds: they start
+        while the job trains on its current GPUs, holding the new ones), then pause `delay` seconds."""
+        self.joining = (groups, delay, prepare_s)
+
     def advance(self, now, seconds):
         """Let `seconds` pass from time `now`."""
+        if self.joining is not None:
+            groups, delay, left = self.joining
+            first = min(left, seconds)
+            self._advance(now, first)
+            self.attained += first * (sum(sum(p) for p in groups.values()) - self.num_gpus)  # held, not yet used
+            if first < left or self.completion is not None:
+                self.joining = (groups, delay, left - first) if self.completion is None else None
+                return
+            self.allocate(groups, delay)
+            now, seconds = now + first, seconds - first
+        self._advance(now, seconds)
+
+    def _advance(self, now, seconds):
         if self.completion is not None or not self.placement:
             return
         used = min(self.delay_left, seconds)
