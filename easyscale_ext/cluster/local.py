@@ -51,6 +51,11 @@ class LocalCluster:
         """The slot nodes' ids, in the order they were added."""
         return [n.node_id for n in self.nodes]
 
+    def add_node(self, slots: int, cpus: int = 2) -> int:
+        """Another slot node (as a machine joining); returns its index."""
+        self.nodes.append(self.cluster.add_node(num_cpus=cpus, node_ip_address=HOST, resources={SLOT: slots}))
+        return len(self.nodes) - 1
+
     def remove_node(self, index: int) -> None:
         self.cluster.remove_node(self.nodes[index])
 

@@ -119,7 +119,9 @@ class Scheduler:
         with self.lock:
             if job["state"] in ("queued", "running"):
                 if job_id in self.supervisors:
-                    ray.get(self.supervisors.pop(job_id).cancel.remote())
+                    supervisor = self.supervisors.pop(job_id)
+                    ray.get(supervisor.cancel.remote())
+                    ray.kill(supervisor)
                 self.table.update(job_id, state="cancelled", finished=time.time(), nodes=[])
         self.wake.set()
 
@@ -155,8 +157,12 @@ class Scheduler:
     def status(self, job_id: Optional[str] = None) -> List[dict]:
         jobs = [self._job(job_id)] if job_id else self.table.list()
         for job in jobs:
-            supervisor = self.supervisors.get(job["id"])
-            job["live"] = ray.get(supervisor.status.remote()) if supervisor and job["state"] == "running" else None
+            supervisor, job["live"] = self.supervisors.get(job["id"]), None
+            if supervisor and job["state"] == "running":
+                try:
+                    job["live"] = ray.get(supervisor.status.remote())
+                except ray.exceptions.RayActorError:  # the job ended in the meantime: the next call says so
+                    pass
             job["step_s"] = self.step_s.get(job["id"])
         return jobs
 
@@ -287,10 +293,16 @@ class Scheduler:
             try:
                 state = ray.get(ref)
             except ray.exceptions.RayActorError:  # the supervisor died (with the head node's processes)
-                state = {"done": -9, "done_at": None, "progress": None}
+                state = {"done": -9, "done_at": None, "progress": None, "orphaned": False}
             if state["done"] is not None:
-                self.table.update(job_id, state="finished" if state["done"] == 0 else "failed", exit_code=state["done"],
-                                  finished=state["done_at"] or time.time(), nodes=[])
+                ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
+                if state["orphaned"]:  # every process went with its node: it starts again (from its checkpoint)
+                    self._wait_until_gone(job_id)
+                    self.table.update(job_id, state="queued", nodes=[])
+                    log.warning("%s: its processes went with their nodes; queued to start again", job_id)
+                else:
+                    self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
+                                      exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])
                 for table in (self.supervisors, self.models, self.followed, self.last_step):
                     table.pop(job_id, None)
                 continue
@@ -306,6 +318,17 @@ class Scheduler:
                 self.last_step[job_id] = (progress["time"], progress["step"])
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now
+
+    @staticmethod
+    def _wait_until_gone(job_id: str) -> None:
+        """Until a killed supervisor's name is free for the job's next one."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(f"job/{job_id}", namespace=NAMESPACE)
+            except ValueError:
+                return
+            time.sleep(0.05)
 
     def _fit(self, active: List[dict], capacity: Dict[str, int]) -> None:
         """Cut the jobs' slots to what the nodes have: a node lost (its processes are gone with it; the

@@ -49,6 +49,8 @@ class JobSupervisor:
         self.withdrawn: set = set()  # joiners told to leave before they were admitted
         self.desired: List[str] = []  # node ids, one per process
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
+        self.gone_with_node: set = set()  # processes lost with their node
+        self.orphaned = False  # the job ended because every process of it went with its node
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
@@ -92,7 +94,8 @@ class JobSupervisor:
         return {"address": self.address, "members": members,
                 "nodes": [self.node_of[m] for m in members],
                 "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
-                "progress": progress, "exited": dict(self.exit_codes), "done": self.done, "done_at": self.done_at}
+                "progress": progress, "exited": dict(self.exit_codes), "done": self.done, "done_at": self.done_at,
+                "orphaned": self.orphaned}
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         return ray.get(self.workers[worker].log.remote(offset))
@@ -147,6 +150,7 @@ class JobSupervisor:
             except ray.exceptions.RayActorError:  # its node is gone, and the process with it
                 code = -9
                 self.withdrawn.add(name)  # a joiner lost so is no failure of the script
+                self.gone_with_node.add(name)
             if code is None:
                 continue
             self.exit_codes[name] = code
@@ -158,6 +162,7 @@ class JobSupervisor:
             codes = [self.exit_codes[m] for m in members] or [0]
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
+            self.orphaned = bool(members) and all(m in self.gone_with_node for m in members)
             self.done_at = time.time()
             self.done = next((c for c in codes if c != 0), 0)
             for w in self.workers.values():  # detached: they go with the job, and their processes with them

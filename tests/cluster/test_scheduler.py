@@ -1,6 +1,7 @@
 """The scheduler runs jobs on a two-node cluster with the simulator's policy objects: concurrent submissions
 never share a slot, every job ends with its fixed-size run's bits, and bad input changes nothing."""
 import os
+import re
 import sys
 import threading
 import time
@@ -99,3 +100,36 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path):
         assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
     finally:
         ray.kill(second)
+
+
+def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_checkpoint(cluster, tmp_path):
+    """No survivor to recover in place: the scheduler queues the job again, and it resumes from the checkpoint
+    it wrote to a folder every node reads. Its bits are the fixed-size run's."""
+    scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
+    try:
+        assert len(ray.get(scheduler.reserve.remote(4))) == 4  # nodes a and b: the job can only go to c
+        c = cluster.add_node(slots=1)
+        ckpt = tmp_path / "ckpt"
+        argv = job_argv(tmp_path / "hash", 2)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir", str(ckpt),
+                                                    "--ckpt-every", "2", "--resume", "1"]
+        job = ray.get(scheduler.submit.remote(argv, 2, 1, 1, "orphan", ENV))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 5:
+            assert time.monotonic() < deadline, f"no 5 steps on the new node: {status()}"
+            time.sleep(0.2)
+        assert status()["nodes"] == [cluster.node_ids()[c]]
+        cluster.remove_node(c)
+        while status()["state"] != "queued":
+            assert time.monotonic() < deadline + 60, f"not queued again: {status()}"
+            time.sleep(0.2)
+        assert ray.get(scheduler.unreserve.remote()) == 4
+        while status()["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 180, f"did not end: {status()}"
+            time.sleep(0.5)
+        assert status()["state"] == "finished"
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # not from the start
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+    finally:
+        ray.kill(scheduler)

@@ -293,6 +293,8 @@ def run_easyscale(args, model, data, opt):
     position = Position()
     if ckpt is not None and args.resume and not (member is not None and member.joining):
         position = ckpt.resume()
+        if position.step:
+            print(f"resumed at step {position.step}", flush=True)
     if member is not None and kills.get(member.id, (0, ""))[1] in ("ready", "ready-term"):
         def kill_when_ready():  # a joiner killed (or asked to leave) once it has registered
             from easyscale_ext.elastic import STORE_ENV, connect
