@@ -2,6 +2,7 @@
 restarts (`cluster stop`/`start`, or its actor crashing) finds its jobs, their allocations over time and the
 cluster's reserved slots again."""
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -33,14 +34,15 @@ class JobTable:
         self.lock = threading.Lock()
 
     def add(self, name: str, argv: List[str], env: dict, virtual_workers: int, min_procs: int, max_procs: int,
-            application: Optional[str] = None, batch_size: Optional[int] = None) -> str:
+            application: Optional[str] = None, batch_size: Optional[int] = None, logs: str = "") -> str:
+        """A queued job; its id. Its log folder is `logs`/ID, in the same row (a round may read it at once)."""
         job_id = f"{name}-{uuid.uuid4().hex[:6]}"
         with self.lock:
             self.db.execute("INSERT INTO jobs (id, name, argv, env, virtual_workers, min_procs, max_procs, state, "
-                            "submitted, nodes, application, batch_size) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, '[]', ?, ?)",
+                            "submitted, nodes, application, batch_size, log_dir) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, '[]', ?, ?, ?)",
                             (job_id, name, json.dumps(argv), json.dumps(env), virtual_workers, min_procs,
-                             max_procs, time.time(), application, batch_size))
+                             max_procs, time.time(), application, batch_size, os.path.join(logs, job_id)))
         return job_id
 
     def update(self, job_id: str, **fields) -> None:

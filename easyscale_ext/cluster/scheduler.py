@@ -70,7 +70,8 @@ class Scheduler:
         self.last_step: Dict[str, tuple] = {}  # job id -> (time, step) of its last progress report
         self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
-        self.placing: List[ray.ObjectRef] = []  # supervisors' place() calls not known to have succeeded yet
+        self.placing: Dict[ray.ObjectRef, tuple] = {}  # supervisors' place() calls not known to have succeeded
+        # yet -> (job id, whether it was the job's first)
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
         self.rounds: List[float] = []  # seconds each round took (decision and actuation)
@@ -109,8 +110,7 @@ class Scheduler:
                              f"--application APP (one of {', '.join(sorted(EPOCHS))})")
         name = name or os.path.splitext(os.path.basename(script))[0]
         job_id = self.table.add(name, list(argv), dict(env or {}), virtual_workers, min_procs, max_procs,
-                                application, batch_size)
-        self.table.update(job_id, log_dir=os.path.join(self.state_dir, "logs", job_id))
+                                application, batch_size, logs=os.path.join(self.state_dir, "logs"))
         self.wake.set()  # decide now, not at the next round
         return job_id
 
@@ -222,7 +222,8 @@ class Scheduler:
     def _place(self, job_id: str, nodes: List[str]) -> None:
         """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
         starts (it imports torch for the job's store) while the scheduler goes on."""
-        self.placing.append(self.supervisors[job_id].place.remote(nodes))  # not awaited: a round stays short
+        first = not self.table.get(job_id)["nodes"]
+        self.placing[self.supervisors[job_id].place.remote(nodes)] = (job_id, first)  # not awaited: rounds stay short
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
             self.models[job_id].allocate({self.slot_type: placement_of(nodes)}, 0.0)
@@ -240,12 +241,21 @@ class Scheduler:
             self.rounds.append(time.perf_counter() - start)
 
     def _round(self) -> None:
-        done, self.placing = ray.wait(self.placing, num_returns=len(self.placing), timeout=0)
+        done, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=0)
         for ref in done:
+            job_id, first = self.placing.pop(ref)
             try:
                 ray.get(ref)
-            except ray.exceptions.RayError:  # the job's supervisor says why; its job ends and is reported
-                log.exception("placing a job failed")
+            except ray.exceptions.RayError:  # logged; a job that never started fails rather than wait forever
+                log.exception("%s: placing the job failed", job_id)
+                if first and job_id in self.supervisors:
+                    supervisor = self.supervisors.pop(job_id)
+                    try:
+                        ray.get(supervisor.cancel.remote(), timeout=10)  # any process it did start
+                    except ray.exceptions.RayError:
+                        pass
+                    ray.kill(supervisor)
+                    self.table.update(job_id, state="failed", finished=time.time(), nodes=[])
         slots = slot_nodes()
         for slot_id, node in self.table.reservations():
             if node not in slots:  # went with its node
