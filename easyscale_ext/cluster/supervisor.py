@@ -51,6 +51,7 @@ class JobSupervisor:
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
         self.gone_with_node: set = set()  # processes lost with their node
         self.orphaned = False  # the job ended because every process of it went with its node
+        self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
@@ -147,10 +148,12 @@ class JobSupervisor:
                 code = -9
                 self.withdrawn.add(name)
                 self.unreachable.add(self.node_of[name])
+                self.joiner_lost = True
             except ray.exceptions.RayActorError:  # its node is gone, and the process with it
                 code = -9
                 self.withdrawn.add(name)  # a joiner lost so is no failure of the script
                 self.gone_with_node.add(name)
+                self.joiner_lost |= name in self.joiners and name not in self.client.current_members(store)
             if code is None:
                 continue
             self.exit_codes[name] = code
@@ -190,9 +193,9 @@ class JobSupervisor:
         for node, count in (wanted - holding).items():  # grow first: a move never drops below the job's size
             for _ in range(count):
                 pending.append(self._spawn(node, joining=True))
-        target = len(members) + len(pending)
-        if pending or withdrawn or int(store.get("target")) > target:  # the last: a joiner lost with its node
-            store.set("target", str(target))
+        if pending or withdrawn or self.joiner_lost:  # a joiner lost: rank 0 must not wait for it
+            store.set("target", str(len(members) + len(pending)))
+            self.joiner_lost = False
         if pending:
             return
         for node, count in (holding - wanted).items():  # then shrink: release the processes on slots to leave
