@@ -94,7 +94,8 @@ def simulate_run(policy, result, steps, round_s, start_s, pause_s, exit_s, join_
     wrapped = NonPreemptive(POLICIES[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=start_s, restart_s=start_s, in_place_s=pause_s, exit_s=exit_s,
-                       join_s=join_s, rounds_at_arrivals=True, slowdown={a: steps / apps[a].noise.progress_at(1) for a in APPS})
+                       join_s=join_s, rounds_at_arrivals=True,
+                       slowdown={a: steps / apps[a].noise.progress_at(1) for a in APPS})
     simulated = simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
     return summarize(simulated, cluster.total_gpus)
 

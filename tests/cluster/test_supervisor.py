@@ -22,17 +22,24 @@ def wait(condition, what: str, timeout: float = 120.0):
         time.sleep(0.2)
 
 
+def started_job(tmp_path, job_id, node, step_sleep, *extra):
+    """A supervisor beside this driver running JOB_ARGS' job (its hash to tmp_path/hash) on `node`, after its
+    first step; and a function returning the supervisor's status."""
+    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers", "4",
+            "--steps", "8", "--epochs", "2", "--step-sleep", str(step_sleep), *extra]
+    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)).remote(
+        job_id, argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
+    status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
+    ray.get(supervisor.place.remote([node]))
+    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    return supervisor, status
+
+
 def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cluster, tmp_path):
     a, b = cluster.node_ids()
     out, events = tmp_path / "hash", tmp_path / "events"
-    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--log-events", str(events),
-            "--virtual-workers", "4", "--steps", "8", "--epochs", "2", "--step-sleep", "0.5"]
-    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        ray.get_runtime_context().get_node_id(), soft=False)).remote(
-        "job-test", argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
-    status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
-    ray.get(supervisor.place.remote([a]))
-    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    supervisor, status = started_job(tmp_path, "job-test", a, 0.5, "--log-events", str(events))
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
     wait(lambda: sorted(status()["nodes"]) == sorted([a, b]) or status()["done"] is not None, "growth")
     ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
@@ -49,14 +56,7 @@ def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(clus
     a, _ = cluster.node_ids()
     gone = "ab" * 28  # a node id no live node has
     out = tmp_path / "hash"
-    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--virtual-workers", "4",
-            "--steps", "8", "--epochs", "2", "--step-sleep", "0.2"]
-    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        ray.get_runtime_context().get_node_id(), soft=False)).remote(
-        "job-gone", argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
-    status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
-    ray.get(supervisor.place.remote([a]))
-    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    supervisor, status = started_job(tmp_path, "job-gone", a, 0.2)
     ray.get(supervisor.place.remote([a, gone]))
     wait(lambda: status()["done"] is not None, "the end")
     assert status()["done"] == 0
