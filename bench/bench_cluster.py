@@ -11,7 +11,7 @@ the application's epoch, the simulator's slowdown); and it starts a round at eac
 on a submission. Both drivers run the policy made non-preemptive (a running job keeps a slot: cluster mode
 changes jobs only in place).
 
-    python bench/bench_cluster.py --steps 12            # fifo and easyscale-homo, 8 jobs, 3 runs: ~25 min
+    python bench/bench_cluster.py --steps 12            # fifo and easyscale-homo, 8 jobs, 3 runs: 13 min here
     python bench/bench_cluster.py --policies fifo --jobs 4 --runs 1
 """
 import argparse
