@@ -6,11 +6,14 @@ artifact's own results per workload.
 Speed: wall time of one 160-job workload per policy, and of the Philly trace (FIFO, Tiresias) by job count.
 Timing (--timing): CPU seconds of every policy on every shipped workload, one run at a time (one core): Pollux's 8
 workloads and their 2x versions on 16 x 4 T4, Sia's 8 on its cluster, EasyScale's test.csv on its cluster.
+Sia's setting (--sia): Sia and Pollux on Sia's 8 Philly workloads and cluster, uncalibrated and under the Sia
+artifact's job model (simulator.SIA), against the means in Sia's draft.
 
   python bench/bench_sched.py                      # everything (about 15 min on 2 cores)
   python bench/bench_sched.py --seeds 0 --workloads 6 --philly 10000
   python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
   taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
+  python bench/bench_sched.py --sia --seeds 0          # about 5 min
 """
 import argparse
 import json
@@ -24,7 +27,7 @@ from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
 from easyscale_ext.sched.policies import POLICIES
-from easyscale_ext.sched.simulator import simulate, validate
+from easyscale_ext.sched.simulator import SIA, SimConfig, simulate, validate
 
 PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simulator/results-jobload/<policy>-<load>
     "workloads": {"pollux": (2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952),
@@ -35,6 +38,7 @@ PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simula
                       "optimus": (10807, 8515, 8363, 10313, 11830, 9767, 6998, 11175)},
 }
 FIDELITY = ("pollux", "tiresias", "optimus")
+SIA_DRAFT = {"sia": (0.6, 9.5, 14.2), "pollux": (1.0, 14.9, 24.5)}  # hours: average JCT, p99 JCT, makespan
 PHILLY_CLUSTER = "64x8"  # 512 GPUs: the trace's mean demand is ~374 GPUs
 SHIPPED = {  # workload family: (files in the data folder, cluster)
     "pollux": ([f"pollux/workloads/workload-{w}.csv" for w in range(1, 9)], "16x4:t4"),
@@ -46,18 +50,44 @@ SHIPPED = {  # workload family: (files in the data folder, cluster)
 
 def run(task):
     kind, policy, target, seed, data, folder = task
-    cluster = Cluster.parse("16x4:t4" if kind == "fidelity" else PHILLY_CLUSTER)
+    config = SimConfig()
     if kind == "fidelity":
-        specs = load_workload(data / "pollux" / folder / f"{target}.csv")
+        cluster, specs = Cluster.parse("16x4:t4"), load_workload(data / "pollux" / folder / f"{target}.csv")
+    elif kind == "sia":  # folder: the job model, "none" or "sia"
+        paths, spec = SHIPPED["sia"]
+        cluster, specs = Cluster.parse(spec), load_workload(data / paths[target - 1])
+        config = SIA if folder == "sia" else config
     else:
+        cluster = Cluster.parse(PHILLY_CLUSTER)
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
-    result = simulate(specs, POLICIES[policy](seed), cluster, Applications(data))
+    result = simulate(specs, POLICIES[policy](seed), cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
-    return {"kind": kind, "policy": policy, "target": target, "seed": seed, "avg_jct": float(jct.mean()),
+    end = max(j["completion"] for j in result.jobs) - min(j["arrival"] for j in result.jobs)
+    return {"kind": kind, "policy": policy, "target": target, "seed": seed, "model": folder,
+            "avg_jct": float(jct.mean()), "p99_jct": float(np.percentile(jct, 99)), "makespan": end,
             "restarts": float(np.mean([j["restarts"] for j in result.jobs])), "rounds": len(result.timeline["time"]),
             "wall_s": wall}
+
+
+def sia_table(rows, workloads):
+    """Average JCT (h) per workload and model; the means of avg / p99 / makespan against Sia's draft."""
+    models = ("none", "sia")
+    print(f"\nSia's setting ({SHIPPED['sia'][1]}), hours; model none = uncalibrated, sia = simulator.SIA\n")
+    print("| workload | " + " | ".join(f"{p}, {m}" for p in SIA_DRAFT for m in models) + " |")
+    print("|---|" + "---:|" * (len(SIA_DRAFT) * len(models)))
+    pick = lambda p, m, w: [r for r in rows if r["policy"] == p and r["model"] == m and r["target"] == w]  # noqa
+    for w in workloads:
+        print(f"| {w} | " + " | ".join(f"{np.mean([r['avg_jct'] for r in pick(p, m, w)]) / 3600:.3f}"
+                                       for p in SIA_DRAFT for m in models) + " |")
+    cells = []
+    for p in SIA_DRAFT:
+        for m in models:
+            got = [np.mean([r[k] for w in workloads for r in pick(p, m, w)]) / 3600
+                   for k in ("avg_jct", "p99_jct", "makespan")]
+            cells.append(" / ".join(f"{g:.2f} ({g / d - 1:+.0%})" for g, d in zip(got, SIA_DRAFT[p])))
+    print("| mean avg / p99 / makespan (vs draft) | " + " | ".join(cells) + " |")
 
 
 def fidelity_table(rows, workloads, folder):
@@ -135,10 +165,16 @@ def main():
                         help="Philly-trace job counts to time (none: skip)")
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
+    parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
     args = parser.parse_args()
     data = data_dir(args.data)
     if args.timing:
         return timing(data)
+    if args.sia:
+        tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in ("none", "sia")
+                 for s in (args.seeds if p == "pollux" else [0])]
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            return sia_table(list(pool.imap_unordered(run, tasks)), args.workloads)
     workloads = [f"workload-{w}" for w in args.workloads]
     folder = "workloads" if args.load == "1.0" else "workloads-2.0"
     tasks = [("fidelity", p, w, s, data, folder) for w in workloads for p in FIDELITY

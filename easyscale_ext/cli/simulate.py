@@ -56,8 +56,8 @@ def add_parser(subparsers):
     p.add_argument("--calibration", choices=["none", "sia", "sia-restarts"], default="none",
                    help="sia-restarts: the Sia artifact's per-application restart seconds (15-250 s) over --restart "
                         "and --start, for restart-based jobs; "
-                        "sia: also its calibration to its testbed (jobs 1.2-1.8x slower than profiled, "
-                        "per-application restart seconds over --restart and --start)")
+                        "sia: its whole job model (also jobs 1.2-1.8x slower than profiled, its calibration to its "
+                        "testbed, and per-GPU batches bounded by each GPU type's own profile)")
     p.add_argument("--in-place", choices=["policy", "on", "off"], default="policy",
                    help="whether jobs rescale in place (measured pause plus the bytes that move) or restart: as "
                         "the policy's jobs do (default), or on/off for every policy (the ablation 'Sia + in place')")

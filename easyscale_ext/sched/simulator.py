@@ -42,14 +42,16 @@ class SimConfig:
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
+    per_type_batch: bool = False  # per-GPU batches bounded by each GPU type's own profile, not by the T4's
 
 
-# The Sia artifact's calibration to its testbed (sia-simulator/simulator_config.py SLOWDOWNS, applications.py
-# rescale_time): every job progresses that many times slower than its profiles say (its agent still measures the
-# profiled step times), and every (re)start of an application costs its own seconds instead of 30.
+# The Sia artifact's job model (sia-simulator/simulator_config.py SLOWDOWNS, applications.py): calibrated to its
+# testbed, every job progresses that many times slower than its profiles say (its agent still measures the profiled
+# step times), and every (re)start of an application costs its own seconds instead of 30; a job's per-GPU batch is
+# bounded by the profile of the GPU type it runs on.
 SIA = SimConfig(slowdown={"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5},
                 restart_by_app={"cifar10": 50, "deepspeech2": 25, "bert": 120, "yolov3": 80, "imagenet": 250,
-                                "ncf": 15})
+                                "ncf": 15}, per_type_batch=True)
 # Sia's per-application restart seconds alone: how its artifact costs a restart, without the testbed slowdowns.
 SIA_RESTARTS = SimConfig(restart_by_app=SIA.restart_by_app)
 
@@ -86,6 +88,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
         job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
+        job.per_type_batch = config.per_type_batch
     for job in jobs:
         job.exit_s = config.exit_s
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.

@@ -125,6 +125,24 @@ def test_a_calibrated_job_progresses_slower_and_pays_its_applications_restart(ap
     assert end(restart_by_app={"bert": 50.0}) == plain  # another application's
 
 
+def test_per_type_batches_let_a_larger_gpu_run_fewer_accumulation_steps(apps):
+    """`per_type_batch` (Sia's artifact): each GPU type bounds the per-GPU batch by its own profile, not the T4's,
+    so an A100 runs cifar10's 4096 in two micro-batches of 2048 instead of four of 1024; a T4 is unchanged."""
+    cifar10 = apps["cifar10"]
+    assert cifar10.max_local_bsz_on("a100") == 4096 and cifar10.max_local_bsz == 1024
+    assert cifar10.max_local_bsz_on("p100") == cifar10.max_local_bsz_on("t4") == 1024  # P100: the T4's memory
+    assert apps["deepspeech2"].max_local_bsz_on("2080ti") == 57  # below its profile's 80: the artifact's cap
+    spec = JobSpec("a", 0, 1, "cifar10", 4096, epochs=2)
+
+    def end(gpu_type, **config):
+        result = simulate([spec], FifoPolicy(), Cluster.parse(f"1x1:{gpu_type}"), apps,
+                          SimConfig(start_s=0, **config))
+        return result.jobs[0]["completion"]
+
+    assert end("a100", per_type_batch=True) < end("a100")
+    assert end("t4", per_type_batch=True) == end("t4")
+
+
 def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_can_start_rounds():
     """Cluster mode's two timings, off by default: a job's processes exit after its last step (`exit_s`, it
     keeps its GPUs meanwhile), and a submission starts a round at once (`rounds_at_arrivals`)."""

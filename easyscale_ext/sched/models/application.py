@@ -12,6 +12,8 @@ from .traces import read_csv
 EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
 # The artifact caps yolov3's per-GPU batch at 8 (its T4s run out of memory above that).
 MAX_LOCAL_BSZ = {"yolov3": 8}
+# Per-GPU batches a GPU type's memory holds below its profile's largest (Sia's artifact, applications.py).
+MEMORY_CAPS = {("deepspeech2", "2080ti"): 57}
 # The artifact never gives ncf more than one GPU (elastic baselines and Pollux alike), and Pollux runs it at
 # the largest validated batch.
 SINGLE_GPU = {"ncf"}
@@ -53,6 +55,13 @@ class Application:
         t4 = self.profile("t4")  # the batch limits are the measured (T4) ones, as in the artifact
         self.min_local_bsz = t4.min_local_bsz
         self.max_local_bsz = MAX_LOCAL_BSZ.get(name, t4.max_local_bsz)
+
+    def max_local_bsz_on(self, gpu_type: str) -> int:
+        """The largest per-GPU batch measured on `gpu_type` (within its memory), as Sia's artifact bounds a job on
+        each type; the T4's bound on the T4 and on the types derived from it."""
+        if gpu_type == "t4" or gpu_type in DERIVED_FROM_T4:
+            return self.max_local_bsz
+        return MEMORY_CAPS.get((self.name, gpu_type), self.profile(gpu_type).max_local_bsz)
 
     def profile(self, gpu_type: str) -> StepTimeProfile:
         if gpu_type not in self._profiles:

@@ -28,8 +28,9 @@ def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
 
 
 class GoodputModel:
-    def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app):
+    def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app, max_local_bsz=None):
         self.perf, self.grad_sqr, self.grad_var, self.app = perf, grad_sqr, grad_var, app
+        self.max_local_bsz = max_local_bsz or app.max_local_bsz  # the GPU type's per-GPU batch limit
 
     def goodput(self, num_nodes, num_replicas, local_bsz, accum_steps):
         """Progress (steps at M0) per second."""
@@ -44,16 +45,16 @@ class GoodputModel:
         reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
         low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
         batch = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
-        local, accum = split_batch(batch, reps, app.max_local_bsz, app.init_batch_size)
+        local, accum = split_batch(batch, reps, self.max_local_bsz, app.init_batch_size)
         good = self.goodput(nodes, reps, local, accum)
-        good = np.where((local >= app.min_local_bsz) & (local <= app.max_local_bsz), good, 0.0)
+        good = np.where((local >= app.min_local_bsz) & (local <= self.max_local_bsz), good, 0.0)
         pick = np.argmax(good, axis=0), np.arange(len(reps))
         return good[pick], local[pick], accum[pick]
 
 
-def fixed_batch_config(batch_size, num_replicas, app):
+def fixed_batch_config(batch_size, num_replicas, app, max_local_bsz=None):
     """(micro-batch, accumulation steps) for a user-fixed global batch on `num_replicas` GPUs."""
-    local, accum = split_batch(batch_size, num_replicas, app.max_local_bsz, app.init_batch_size)
+    local, accum = split_batch(batch_size, num_replicas, max_local_bsz or app.max_local_bsz, app.init_batch_size)
     return int(local), int(accum)
 
 

@@ -147,6 +147,13 @@ class AppJob(Job):
     # on compute time, sync time and progress per iteration; the simulator sets it where the job opts in.
     freezing = None
     slowdown = 1.0  # progresses this many times slower than its profiles say (a simulator's calibration)
+    per_type_batch = False  # bound its per-GPU batch by each GPU type's own profile, not the T4's (Sia's artifact)
+
+    def max_local_bsz_on(self, gpu_type) -> int:
+        """The largest per-GPU batch the job may run on `gpu_type` (None: several types, the T4's bound)."""
+        if self.per_type_batch and gpu_type is not None:
+            return self.app.max_local_bsz_on(gpu_type)
+        return self.app.max_local_bsz
 
     def freezing_factors(self) -> tuple:
         return self.freezing.at(self.progress / self.app.noise.progress_at(self.epochs))
@@ -160,7 +167,9 @@ class AppJob(Job):
         return max((key[1] for key in self.observed), default=0)
 
     def goodput_model(self):
-        return None if self.perf is None else goodput.GoodputModel(self.perf, *self.grad, self.app)
+        if self.perf is None:
+            return None
+        return goodput.GoodputModel(self.perf, *self.grad, self.app, self.max_local_bsz_on(self.gpu_type))
 
     def _configure(self):
         app, reps = self.app, self.num_gpus
@@ -169,7 +178,7 @@ class AppJob(Job):
             local, accum = int(local[0]), int(accum[0])
         else:  # a fixed batch; an adaptive job starts at the smallest batch it can run
             batch = self.batch_size or max(app.init_batch_size, app.min_local_bsz * reps)
-            local, accum = goodput.fixed_batch_config(batch, reps, app)
+            local, accum = goodput.fixed_batch_config(batch, reps, app, self.max_local_bsz_on(self.gpu_type))
         self.local_bsz, self.accum_steps = goodput.cap_local_bsz(local, accum, reps, app), accum
         if len(self.groups) > 1:  # GPU types mixed: the batch runs as virtual workers (mixed_step)
             self._mixed = mixed_step(app, reps * (accum + 1), self.local_bsz, tuple(self.groups.items()))

@@ -87,7 +87,7 @@ class PolluxPolicy(Policy):
             if model is None:  # never measured: assume it scales linearly
                 table[j, :, 1:] = np.arange(1, table.shape[2]) / fair
                 continue
-            key = (model.perf, model.grad_sqr, model.grad_var, int(max_gpus[j]), fair)
+            key = (model.perf, model.grad_sqr, model.grad_var, model.max_local_bsz, int(max_gpus[j]), fair)
             if key not in self._tables:
                 reps = np.arange(1, max_gpus[j] + 1)
                 nodes = np.arange(1, cluster.num_nodes + 1)
