@@ -14,8 +14,10 @@ artifact's job model (simulator.SIA), against the means in Sia's draft.
   python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
   taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
   python bench/bench_sched.py --sia --seeds 0          # about 5 min
+  python bench/bench_sched.py --workloads 2 --seeds 0 1 --philly --search 100x100   # the artifact's search size
 """
 import argparse
+import functools
 import json
 import multiprocessing
 import time
@@ -27,6 +29,7 @@ from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
 from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies.pollux import PolluxPolicy
 from easyscale_ext.sched.simulator import SIA, SimConfig, simulate, validate
 
 PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simulator/results-jobload/<policy>-<load>
@@ -48,7 +51,8 @@ SHIPPED = {  # workload family: (files in the data folder, cluster)
 }
 
 
-def run(task):
+def run(task, search=None):
+    """One simulation; `search` (population, generations) sizes Pollux's search instead of its default."""
     kind, policy, target, seed, data, folder = task
     config = SimConfig()
     if kind == "fidelity":
@@ -61,7 +65,9 @@ def run(task):
         cluster = Cluster.parse(PHILLY_CLUSTER)
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
-    result = simulate(specs, POLICIES[policy](seed), cluster, Applications(data), config)
+    chosen = PolluxPolicy(seed, population=search[0], generations=search[1]) if search and policy == "pollux" \
+        else POLICIES[policy](seed)
+    result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
     end = max(j["completion"] for j in result.jobs) - min(j["arrival"] for j in result.jobs)
@@ -166,15 +172,19 @@ def main():
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
     parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
+    parser.add_argument("--search", default=None, metavar="POPxGEN",
+                        help="Pollux's search size, e.g. 100x100 (the artifact's); default its own (64x24)")
     args = parser.parse_args()
     data = data_dir(args.data)
+    search = tuple(int(x) for x in args.search.split("x")) if args.search else None
+    job = functools.partial(run, search=search)
     if args.timing:
         return timing(data)
     if args.sia:
         tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in ("none", "sia")
                  for s in (args.seeds if p == "pollux" else [0])]
         with multiprocessing.get_context("fork").Pool(2) as pool:
-            return sia_table(list(pool.imap_unordered(run, tasks)), args.workloads)
+            return sia_table(list(pool.imap_unordered(job, tasks)), args.workloads)
     workloads = [f"workload-{w}" for w in args.workloads]
     folder = "workloads" if args.load == "1.0" else "workloads-2.0"
     tasks = [("fidelity", p, w, s, data, folder) for w in workloads for p in FIDELITY
@@ -182,7 +192,7 @@ def main():
     tasks += [("philly", p, n, 0, data, None) for n in args.philly for p in ("fifo", "tiresias")]
     tasks.sort(key=lambda t: (t[0] == "fidelity", t[1] != "pollux"))  # longest first keeps both cores busy
     with multiprocessing.get_context("fork").Pool(2) as pool:
-        rows = list(pool.imap_unordered(run, tasks))
+        rows = list(pool.imap_unordered(job, tasks))
     fidelity_table(rows, workloads, folder)
     speed_table(rows)
     if args.json:
