@@ -8,9 +8,10 @@ from ..sched.simulator import Result
 
 def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster: str, round_s: float) -> Result:
     """`jobs`: the job table's rows; `allocations`: (time, job, nodes) of every change of a job's slots.
-    Times count from the first submission; only jobs that finished have a record (a JCT)."""
+    Times count from the first submission; only jobs that finished have a record (a JCT). A restart is a start
+    after the job held no slot (queued again when its processes went with their nodes); a change in place is not."""
     t0 = min((j["submitted"] for j in jobs), default=0.0)
-    opened, held, first, attained = {}, {}, {}, Counter()
+    opened, held, first, attained, starts = {}, {}, {}, Counter(), Counter()
     segments, times, gpus, active = [], [], [], []
     for t, job, nodes in allocations:
         if job in opened:
@@ -19,6 +20,7 @@ def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster:
                 segments.append((job, start - t0, t - t0, n))
             attained[job] += (t - start) * n
         if nodes:
+            starts[job] += not held.get(job)
             opened[job] = (t, len(nodes))
             first.setdefault(job, t)
         held[job] = len(nodes)
@@ -27,7 +29,8 @@ def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster:
         active.append(sum(j["submitted"] <= t and (j["finished"] is None or j["finished"] > t) for j in jobs))
     records = [{"name": j["id"], "app": j["application"], "arrival": j["submitted"] - t0,
                 "start": first[j["id"]] - t0 if j["id"] in first else None, "completion": j["finished"] - t0,
-                "jct": j["finished"] - j["submitted"], "gpus_asked": j["max_procs"], "restarts": 0,
+                "jct": j["finished"] - j["submitted"], "gpus_asked": j["max_procs"],
+                "restarts": max(starts[j["id"]] - 1, 0),
                 "gpu_seconds": attained[j["id"]]}
                for j in jobs if j["state"] == "finished"]
     return Result(policy, cluster, {"driver": "cluster", "round_s": round_s}, records,
