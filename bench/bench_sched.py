@@ -14,7 +14,7 @@ artifact's job model (simulator.SIA), against the means in Sia's draft.
   python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
   taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
   python bench/bench_sched.py --sia --seeds 0          # about 5 min
-  python bench/bench_sched.py --workloads 2 --seeds 0 1 --philly --search 100x100   # the artifact's search size
+  python bench/bench_sched.py --workloads 2 --seeds 0 1 --philly --search 100x100 [--distinct]  # as the artifact
 """
 import argparse
 import functools
@@ -52,7 +52,7 @@ SHIPPED = {  # workload family: (files in the data folder, cluster)
 
 
 def run(task, search=None):
-    """One simulation; `search` (population, generations) sizes Pollux's search instead of its default."""
+    """One simulation; `search` (population, generations, distinct) is Pollux's search instead of its default."""
     kind, policy, target, seed, data, folder = task
     config = SimConfig()
     if kind == "fidelity":
@@ -65,8 +65,8 @@ def run(task, search=None):
         cluster = Cluster.parse(PHILLY_CLUSTER)
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
-    chosen = PolluxPolicy(seed, population=search[0], generations=search[1]) if search and policy == "pollux" \
-        else POLICIES[policy](seed)
+    chosen = PolluxPolicy(seed, population=search[0], generations=search[1], distinct=search[2]) \
+        if search and policy == "pollux" else POLICIES[policy](seed)
     result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
@@ -172,11 +172,13 @@ def main():
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
     parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
-    parser.add_argument("--search", default=None, metavar="POPxGEN",
+    parser.add_argument("--search", default="64x24", metavar="POPxGEN",
                         help="Pollux's search size, e.g. 100x100 (the artifact's); default its own (64x24)")
+    parser.add_argument("--distinct", action="store_true",
+                        help="Pollux's search keeps every individual distinct, as the artifact's NSGA-II does")
     args = parser.parse_args()
     data = data_dir(args.data)
-    search = tuple(int(x) for x in args.search.split("x")) if args.search else None
+    search = (*(int(x) for x in args.search.split("x")), args.distinct)
     job = functools.partial(run, search=search)
     if args.timing:
         return timing(data)

@@ -96,6 +96,22 @@ def test_pollux_search_keeps_allocations_when_moving_gains_nothing():
     assert np.array_equal(best, base)
 
 
+def test_pollux_search_with_distinct_keeps_every_individual_different():
+    """`distinct` (as pymoo's NSGA-II in the artifact): no two individuals alike; the default search collapses
+    onto copies of its best."""
+    base = np.zeros((3, 4), dtype=np.int64)  # 3 jobs, 4 nodes of 2 GPUs, linear speedups up to 8 GPUs
+    speedup = np.tile(np.arange(9.0), (3, 5, 1))
+
+    def distinct_individuals(distinct):
+        search = _Search(base, np.full(4, 2), np.full(3, 8), speedup, np.ones(3), -1.0, 0.25,
+                         np.random.default_rng(0))
+        population = search.run(base[None], 16, 10, distinct)
+        return len({s.tobytes() for s in population}), len(population)
+
+    assert distinct_individuals(True) == (16, 16)
+    assert distinct_individuals(False)[0] < 16
+
+
 def test_pollux_search_objective_is_the_power_mean():
     base = np.zeros((2, 1), dtype=np.int64)
     speedup = np.tile(np.arange(5.0), (2, 2, 1))

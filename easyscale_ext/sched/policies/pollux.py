@@ -26,10 +26,11 @@ class PolluxPolicy(Policy):
     name = "pollux"
     profiled = True
 
-    def __init__(self, seed=0, p=-1.0, restart_s=30.0, population=64, generations=24):
+    def __init__(self, seed=0, p=-1.0, restart_s=30.0, population=64, generations=24, distinct=False):
         self.rng = np.random.default_rng(seed)
         self.p, self.restart_s = p, restart_s
         self.population, self.generations = population, generations
+        self.distinct = distinct  # every individual distinct, as pymoo keeps the artifact's (_Search.run)
         self._last = ([], None)  # (job names, population) of the previous round
         self._tables = {}
 
@@ -50,7 +51,7 @@ class PolluxPolicy(Policy):
         factor = np.maximum(age - restarts * self.restart_s, 0) / (age + self.restart_s)
         search = _Search(base, capacity, max_gpus, speedup, factor, self.p, cluster.num_nodes / cluster.total_gpus,
                          self.rng)
-        population = search.run(self._seed_population(jobs, base), self.population, self.generations)
+        population = search.run(self._seed_population(jobs, base), self.population, self.generations, self.distinct)
         self._last = ([j.name for j in jobs], population)
         best = population[0]
         result = {}
@@ -177,21 +178,53 @@ class _Search:
         cut = self.rng.integers(0, a.shape[1] + 1, size=(len(a), 1, 1)) > self.rows[:, None]
         return np.concatenate([np.where(cut, a, b), np.where(cut, b, a)])
 
-    def run(self, seeds, size, generations):
+    def run(self, seeds, size, generations, distinct=False):
+        """The final population, best first. With `distinct`, no two individuals are the same: each generation
+        mates again (up to DISTINCT_TRIES times) until it has `size` children new to the population, as pymoo's
+        NSGA-II (`eliminate_duplicates`) does in the artifact; without it most children copy an elite one and
+        the population collapses onto a few allocations (BENCHMARKS.md, "Where Pollux's gap is")."""
         population = self.repair(seeds.copy())
+        if distinct:
+            population = population[np.sort(np.unique(population.reshape(len(population), -1), axis=0,
+                                                      return_index=True)[1])]
         value = self.objective(population)
         for _ in range(generations):
-            # Binary tournaments pick the parents.
-            pairs = self.rng.integers(0, len(population), size=(2, size))
-            parents = np.where(value[pairs[0]] >= value[pairs[1]], pairs[0], pairs[1])
-            half = size // 2
-            children = self.crossover(population[parents[:half]], population[parents[half:2 * half]])
-            children = self.repair(self.mutate(children))
+            seen = {s.tobytes() for s in population} if distinct else None
+            children = []
+            for _ in range(DISTINCT_TRIES if distinct else 1):
+                batch = self._offspring(population, value, size)
+                children += [c for c in batch if seen is None or _new(c, seen)]
+                if len(children) >= size:
+                    break
+            if not children:
+                continue
+            children = np.array(children[:size])
             population = np.concatenate([population, children])
             value = np.concatenate([value, self.objective(children)])
             keep = np.argsort(-value, kind="stable")[:size]
             population, value = population[keep], value[keep]
         return population
+
+    def _offspring(self, population, value, size):
+        """`size` children (an even number): binary tournaments pick the parents, then crossover, mutation and
+        repair."""
+        pairs = self.rng.integers(0, len(population), size=(2, size))
+        parents = np.where(value[pairs[0]] >= value[pairs[1]], pairs[0], pairs[1])
+        half = size // 2
+        children = self.crossover(population[parents[:half]], population[parents[half:2 * half]])
+        return self.repair(self.mutate(children))
+
+
+DISTINCT_TRIES = 4  # matings per generation, at most, to find children new to the population
+
+
+def _new(state, seen) -> bool:
+    """Whether `state` is not in `seen` (the bytes of the states met so far); it is from now on."""
+    key = state.tobytes()
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
 
 
 def _trim(rows, limit):
