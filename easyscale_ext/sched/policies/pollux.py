@@ -189,16 +189,9 @@ class _Search:
                                                       return_index=True)[1])]
         value = self.objective(population)
         for _ in range(generations):
-            seen = {s.tobytes() for s in population} if distinct else None
-            children = []
-            for _ in range(DISTINCT_TRIES if distinct else 1):
-                batch = self._offspring(population, value, size)
-                children += [c for c in batch if seen is None or _new(c, seen)]
-                if len(children) >= size:
-                    break
-            if not children:
+            children = (self._distinct_offspring if distinct else self._offspring)(population, value, size)
+            if not len(children):
                 continue
-            children = np.array(children[:size])
             population = np.concatenate([population, children])
             value = np.concatenate([value, self.objective(children)])
             keep = np.argsort(-value, kind="stable")[:size]
@@ -213,6 +206,16 @@ class _Search:
         half = size // 2
         children = self.crossover(population[parents[:half]], population[parents[half:2 * half]])
         return self.repair(self.mutate(children))
+
+    def _distinct_offspring(self, population, value, size):
+        """Up to `size` children, each new to the population and to the others: mates up to DISTINCT_TRIES
+        times."""
+        seen, children = {s.tobytes() for s in population}, []
+        for _ in range(DISTINCT_TRIES):
+            children += [c for c in self._offspring(population, value, size) if _new(c, seen)]
+            if len(children) >= size:
+                break
+        return np.array(children[:size])
 
 
 DISTINCT_TRIES = 4  # matings per generation, at most, to find children new to the population
