@@ -99,6 +99,7 @@ class Scheduler:
         if min_procs > total:
             raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}: "
                              "lower --min-procs or add nodes")
+        max_procs = min(max_procs, total)  # a job asking for more than there is would wait forever, and all behind it
         if application is not None:
             try:
                 self.apps[application]
@@ -229,16 +230,24 @@ class Scheduler:
             self.models[job_id].allocate({self.slot_type: placement_of(nodes)}, 0.0)
 
     def _loop(self) -> None:
-        while True:
-            self.wake.wait(self.round_s)
-            self.wake.clear()
-            start = time.perf_counter()
+        next_round = time.monotonic()
+        while True:  # a round when one is due or asked for; between rounds, each second, jobs that ended leave
+            if self.wake.wait(min(max(next_round - time.monotonic(), 0.0), 1.0)) or time.monotonic() >= next_round:
+                self.wake.clear()
+                start = time.perf_counter()
+                try:
+                    with self.lock:
+                        self._round()
+                except Exception:  # a round that failed is logged; the next one starts afresh
+                    log.exception("scheduling round failed")
+                self.rounds.append(time.perf_counter() - start)
+                next_round = time.monotonic() + self.round_s
+                continue
             try:
                 with self.lock:
-                    self._round()
-            except Exception:  # a round that failed is logged; the next one starts afresh
-                log.exception("scheduling round failed")
-            self.rounds.append(time.perf_counter() - start)
+                    self._follow(time.time(), models=False)
+            except Exception:  # as a round's
+                log.exception("looking for jobs that ended failed")
 
     def _round(self) -> None:
         done, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=0)
@@ -294,8 +303,9 @@ class Scheduler:
             self._place(job["id"], [node_ids[i] for i in new])
             log.info("%s: %d slots on %s", job["id"], len(new), ", ".join(sorted({node_ids[i] for i in new})))
 
-    def _follow(self, now: float) -> None:
-        """Jobs that ended leave; the others' models follow what they measured."""
+    def _follow(self, now: float, models: bool = True) -> None:
+        """Jobs that ended leave (their slots are free for the next round); with `models`, the others' models
+        follow what they measured."""
         asked = {supervisor.status.remote(): job_id for job_id, supervisor in self.supervisors.items()}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)  # one still starting: next round
         for ref in answered:
@@ -317,7 +327,7 @@ class Scheduler:
                     table.pop(job_id, None)
                 continue
             progress, model = state["progress"], self.models.get(job_id)
-            if model is None:
+            if model is None or not models:
                 continue
             done = step_s = None
             if progress:

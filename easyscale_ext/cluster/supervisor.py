@@ -6,7 +6,9 @@ a slot it lacks gets a joiner (it prepares while the job trains, then joins at a
 should leave has its process released by name (it leaves at the next boundary; its virtual workers move),
 and a move does both, the joiner first, so the job never drops below its size meanwhile. `split` asks for
 another division of the virtual workers. The supervisor marks a process that exited with an error lost at
-once, as `easyscale run`'s launcher does, so the others recover in place.
+once, as `easyscale run`'s launcher does, so the others recover in place. A process that has exited, for any
+reason (released, moved, failed, cancelled), gives its slot back at once: its actor is ended, its output kept
+in the log folder on the head.
 """
 import json
 import logging
@@ -50,6 +52,7 @@ class JobSupervisor:
         self.desired: List[str] = []  # node ids, one per process
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
         self.gone_with_node: set = set()  # processes lost with their node
+        self.retired: set = set()  # processes whose slot's actor has been ended
         self.orphaned = False  # the job ended because every process of it went with its node
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
         self.spawned = 0
@@ -84,9 +87,17 @@ class JobSupervisor:
         self.store.set("split", json.dumps(list(sizes)))
 
     def cancel(self) -> None:
+        """End every process of the job and give their slots back."""
         with self.lock:
-            for w in self.workers.values():
-                w.kill.remote()
+            kills = {w.kill.remote(): name for name, w in self.workers.items() if name not in self.retired}
+            answered, _ = ray.wait(list(kills), num_returns=len(kills), timeout=10)  # one never placed: no answer
+            for ref, name in kills.items():
+                try:
+                    code, started = (ray.get(ref), True) if ref in answered else (-9, False)
+                except ray.exceptions.RayError:  # gone with its node
+                    code, started = -9, False
+                self.exit_codes.setdefault(name, code)
+                self._retire(name, keep_log=started)
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> dict:
@@ -99,6 +110,13 @@ class JobSupervisor:
                 "orphaned": self.orphaned}
 
     def log(self, worker: str, offset: int = 0) -> bytes:
+        if worker in self.retired:  # its actor is gone: the copy on the head
+            try:
+                with open(self._log_path(worker), "rb") as f:
+                    f.seek(offset)
+                    return f.read()
+            except FileNotFoundError:  # it never started, or went with its node before a copy
+                return b""
         return ray.get(self.workers[worker].log.remote(offset))
 
     def processes(self) -> List[str]:
@@ -112,6 +130,28 @@ class JobSupervisor:
             self._start(name, node, joining)
         return name
 
+    def _log_path(self, name: str) -> str:
+        return os.path.join(self.log_dir, f"{name}.log")
+
+    def _retire(self, name: str, keep_log: bool = True) -> None:
+        """End the actor of a process that has exited, so its slot is free for the next one; with `keep_log`
+        (its actor answers), keep its output on the head first (its node may be another machine)."""
+        if name in self.retired:
+            return
+        self.retired.add(name)
+        worker, output = self.workers[name], None
+        if keep_log:
+            try:
+                output = ray.get(worker.log.remote(0, 1 << 62), timeout=10)
+            except (ray.exceptions.RayError, FileNotFoundError):  # gone with its node: nothing to keep
+                pass
+        path = self._log_path(name)
+        if output is not None and not (os.path.exists(path) and os.path.getsize(path) >= len(output)):
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(path, "wb") as f:  # not the same file (a node of another machine): keep a copy
+                f.write(output)
+        ray.kill(worker)
+
     def _start(self, name: str, node: str, joining: bool) -> None:
         env = dict(self.env)
         env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
@@ -124,7 +164,7 @@ class JobSupervisor:
             resources={SLOT: 1}, num_gpus=1 if gpu_node else 0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
-            [sys.executable] + self.argv, env, os.path.join(self.log_dir, f"{name}.log"))
+            [sys.executable] + self.argv, env, self._log_path(name))
 
     def _supervise(self) -> None:
         while self.done is None:
@@ -159,6 +199,7 @@ class JobSupervisor:
             self.exit_codes[name] = code
             if code != 0 and not store.check([f"lost/{name}"]):
                 store.set(f"lost/{name}", "exited")  # the others recover at once, in place
+            self._retire(name)
         members = self.client.current_members(store)
         alive = [w for w in self.workers if w not in self.exit_codes]
         if all(m in self.exit_codes for m in members):
@@ -168,8 +209,8 @@ class JobSupervisor:
             self.orphaned = bool(members) and all(m in self.gone_with_node for m in members)
             self.done_at = time.time()
             self.done = next((c for c in codes if c != 0), 0)
-            for w in self.workers.values():  # detached: they go with the job, and their processes with them
-                ray.kill(w)
+            for w in alive:  # detached: they go with the job, and their processes with them
+                self._retire(w, keep_log=False)
             return
         if any(m in self.exit_codes for m in members):
             return  # ending, or recovering from a lost process: act on the generation that follows

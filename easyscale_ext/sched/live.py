@@ -8,8 +8,16 @@ policy reads the same models, with the same fields, in both drivers.
 """
 from typing import Optional
 
-from .models.job import AppJob, make_job
+from .models.job import AppJob, TraceJob, make_job
 from .models.workload import JobSpec
+
+
+class ElasticTraceJob(TraceJob):
+    """A real job of unknown length and no profile: rigid to the policy (it asks for `max_procs` slots), yet the
+    cluster may run it on fewer (a reservation took a slot, a node went) while it runs in place."""
+
+    def _configure(self):
+        pass
 
 
 def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, app=None, batch_size=None,
@@ -17,7 +25,7 @@ def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, a
     """The model of a submitted job: a profiled application's (with `app`) or else a trace job of unknown
     length that asks for `max_procs` slots."""
     if app is None:
-        return make_job(JobSpec(name, arrival, max_procs, duration=float("inf")), {}, None)
+        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf")))
     batch = batch_size or virtual_workers * max(1, app.init_batch_size // virtual_workers)
     spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers)
     tuned = policy.batch_size(spec, app) if policy is not None else batch

@@ -11,6 +11,7 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch
 from support.jobs import JOB, run_job
+from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -133,3 +134,34 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
     finally:
         ray.kill(scheduler)
+
+
+def test_reserved_slots_are_taken_given_back_and_a_cancelled_job_frees_its_own(cluster, scheduler, tmp_path):
+    """A reservation gets the slot the job left (at its next step boundary), the job grows back onto it when it
+    is given back, and a cancelled job's slots are free at once."""
+    job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "300", "--step-sleep",
+                                                                              "0.3"], 4, 1, 2, "held", ENV))
+    status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+    members = lambda: len((status()["live"] or {}).get("members", []))  # noqa: E731
+    deadline = time.monotonic() + 120
+    while members() < 2 or ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 1:
+        assert time.monotonic() < deadline, f"the job did not start on 2 slots: {status()}"
+        time.sleep(0.2)
+    assert len(ray.get(scheduler.reserve.remote(3))) == 3  # the 2 free slots, then one of the job's
+    reserved = [ray.get_actor(name["name"], namespace=name["namespace"]) for name in
+                ray.util.list_named_actors(all_namespaces=True) if name["name"].startswith("reserved/")]
+    assert len(reserved) == 3
+    assert len(ray.get([r.node.remote() for r in reserved], timeout=60)) == 3  # before: never, while the job ran
+    assert members() == 1
+    assert ray.get(scheduler.unreserve.remote()) == 3
+    while members() < 2:  # fifo gives a job that lost slots its slots back
+        assert time.monotonic() < deadline + 120, f"the job did not grow back: {status()}"
+        time.sleep(0.2)
+    ray.get(scheduler.cancel.remote(job))
+    nodes = cluster.node_ids()[:2]  # the module's first two (another test adds and removes a third)
+    others = [slot_on(n) for n in nodes for _ in range(2)]  # all 4 slots: free at once
+    try:
+        assert sorted(ray.get([o.node.remote() for o in others], timeout=10)) == sorted(nodes * 2)
+    finally:
+        for o in others:
+            ray.kill(o)

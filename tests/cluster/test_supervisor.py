@@ -7,6 +7,8 @@ import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from easyscale_ext.cluster import NAMESPACE, SLOT
+from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
 from support.jobs import JOB, run_job
 
@@ -22,8 +24,8 @@ def wait(condition, what: str, timeout: float = 120.0):
         time.sleep(0.2)
 
 
-def started_job(tmp_path, job_id, node, step_sleep, *extra):
-    """A supervisor beside this driver running JOB_ARGS' job (its hash to tmp_path/hash) on `node`, after its
+def started_job(tmp_path, job_id, nodes, step_sleep, *extra):
+    """A supervisor beside this driver running JOB_ARGS' job (its hash to tmp_path/hash) on `nodes`, after its
     first step; and a function returning the supervisor's status."""
     argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers", "4",
             "--steps", "8", "--epochs", "2", "--step-sleep", str(step_sleep), *extra]
@@ -31,7 +33,7 @@ def started_job(tmp_path, job_id, node, step_sleep, *extra):
         ray.get_runtime_context().get_node_id(), soft=False)).remote(
         job_id, argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
     status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
-    ray.get(supervisor.place.remote([node]))
+    ray.get(supervisor.place.remote(nodes))
     wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
     return supervisor, status
 
@@ -39,7 +41,7 @@ def started_job(tmp_path, job_id, node, step_sleep, *extra):
 def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cluster, tmp_path):
     a, b = cluster.node_ids()
     out, events = tmp_path / "hash", tmp_path / "events"
-    supervisor, status = started_job(tmp_path, "job-test", a, 0.5, "--log-events", str(events))
+    supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events))
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
     wait(lambda: sorted(status()["nodes"]) == sorted([a, b]) or status()["done"] is not None, "growth")
     ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
@@ -56,9 +58,42 @@ def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(clus
     a, _ = cluster.node_ids()
     gone = "ab" * 28  # a node id no live node has
     out = tmp_path / "hash"
-    supervisor, status = started_job(tmp_path, "job-gone", a, 0.2)
+    supervisor, status = started_job(tmp_path, "job-gone", [a], 0.2)
     ray.get(supervisor.place.remote([a, gone]))
     wait(lambda: status()["done"] is not None, "the end")
     assert status()["done"] == 0
     assert ray.get(supervisor.processes.remote()) == ["w0", "w1"]  # one try on the node that is gone
     assert out.read_text() == run_job("reference", **JOB_ARGS)
+
+
+def slot_on(node):
+    """An actor holding one slot on `node`: it starts once a slot there is free."""
+    return ReservedSlot.options(resources={SLOT: 1},
+                                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+
+
+@pytest.mark.parametrize("how", ["shrink", "move", "cancel", "failure"])
+def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path, how):
+    """Whatever makes a process leave, its slot's actor ends with it: another process can start there within a
+    second or two (before, the slot stayed held until the whole job ended)."""
+    a, b = cluster.node_ids()
+    supervisor, status = started_job(tmp_path, f"job-{how}", [a, a], 0.3, "--steps", "200")
+    try:
+        if how == "failure":  # kill -9 of a process: its replacement must find the slot free
+            ray.get(ray.get_actor(f"job-{how}/w1", namespace=NAMESPACE).kill.remote())
+            wait(lambda: status()["members"] == ["w0", "w2"], "replacement admitted", timeout=90)
+            return
+        other = slot_on(a)  # node a is full: this waits for a slot the job leaves
+        assert not ray.wait([other.node.remote()], timeout=1.0)[0]
+        if how == "cancel":
+            ray.get(supervisor.cancel.remote())
+        else:
+            ray.get(supervisor.place.remote([a] if how == "shrink" else [b, b]))
+            wait(lambda: status()["exited"], "a process leaving", timeout=90)
+        left = time.monotonic()
+        assert ray.get(other.node.remote(), timeout=10) == a
+        print(f"{how}: slot free {time.monotonic() - left:.2f} s after the process left")
+        ray.kill(other)
+    finally:
+        ray.get(supervisor.cancel.remote())
+        ray.kill(supervisor)

@@ -1,4 +1,5 @@
-"""FIFO / YARN-CS: jobs run on the GPUs they asked for, started in arrival order, never preempted or resized.
+"""FIFO / YARN-CS: jobs run on the GPUs they asked for, started in arrival order, never preempted or resized
+(a job that lost GPUs under it, to a reservation or a node of a real cluster, gets them back before a new one starts).
 
 The head of the queue blocks the jobs behind it (no backfilling), as in YARN's capacity scheduler. Jobs are
 packed (best fit) on one GPU type: the job's preferred one where it names one with as many GPUs (EasyScale's
@@ -16,6 +17,12 @@ class FifoPolicy(Policy):
     def optimize(self, now, jobs, cluster, allocations):
         result = dict(allocations)
         free = cluster.free(result)
+        for job in jobs:  # a running job that lost GPUs (a real cluster's reservation or node) gets them back first
+            held = result.get(job.name, ())
+            if held and len(held) < job.spec.num_gpus:
+                nodes = cluster.nodes_of(cluster.types[held[0]])
+                more = min(job.spec.num_gpus - len(held), int(free[nodes].sum()))
+                result[job.name] = held + (place(free, more, nodes) if more else ())
         room, size = cluster.room(free), cluster.room(cluster.gpus)
         for job in jobs:
             if job.name in result:
