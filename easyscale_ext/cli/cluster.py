@@ -7,12 +7,15 @@
 reach the scheduler through Ray; the cluster's address and state folder are kept in $EASYSCALE_HOME
 (default ~/.easyscale).
 """
+import argparse
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -24,18 +27,19 @@ def home() -> str:
 
 
 def add_parsers(sub) -> None:
+    from ..sched.policies import POLICIES
+
     p = sub.add_parser("cluster", help="start or stop cluster mode (Ray) and its scheduler")
     verbs = p.add_subparsers(dest="verb", required=True)
     q = verbs.add_parser("start", help="start the scheduler (and, without --address, Ray on this machine)")
     q.add_argument("--address", help="join this Ray cluster (HOST:PORT of its head) instead of starting one")
-    q.add_argument("--slots-per-node", "--slots", dest="slots", type=int, default=os.cpu_count(),
+    q.add_argument("--slots-per-node", "--slots", dest="slots", type=int, default=None,
                    help="slots of this machine's node when Ray is started here (default: its CPU count)")
-    q.add_argument("--policy", default="fifo", help="the scheduling policy, any of `easyscale simulate`'s "
-                   "(default fifo)")
+    q.add_argument("--policy", default="fifo", help=f"the scheduling policy (default fifo): {', '.join(POLICIES)}")
     q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
     q.add_argument("--slot-type", default="t4", help="the GPU type whose profiles model a slot (default t4)")
     q.set_defaults(run=start)
-    q = verbs.add_parser("stop", help="stop the scheduler (and Ray, if `cluster start` started it)")
+    q = verbs.add_parser("stop", help="stop the scheduler, and the Ray processes `cluster start` started (no others)")
     q.set_defaults(run=stop)
     q = verbs.add_parser("reserve", help="take K slots back from training (jobs leave them in place)")
     q.add_argument("count", type=int, metavar="K")
@@ -48,15 +52,21 @@ def add_parsers(sub) -> None:
     q = verbs.add_parser("report", help="the run's JSON and plots, as `easyscale simulate --out` writes them")
     q.add_argument("--out", required=True, help="folder to write to")
     q.set_defaults(run=report)
-    p = sub.add_parser("submit", help="run a training script as a job of the cluster; prints its id")
+    # No abbreviations: `--n` must not be taken as --name (and everything after the script is the script's).
+    p = sub.add_parser("submit", allow_abbrev=False, usage="%(prog)s --virtual-workers N [options] [--] SCRIPT [ARGS]",
+                       help="run a training script as a job of the cluster; prints its id",
+                       description="Everything after the script's path is the script's own arguments, as with "
+                                   "torchrun: `easyscale submit --virtual-workers 4 train.py --epochs 3`.")
     p.add_argument("--virtual-workers", type=int, required=True, help="the job's N")
     p.add_argument("--min-procs", type=int, default=1)
-    p.add_argument("--max-procs", type=int, default=None, help="at most this many slots (default N)")
+    p.add_argument("--max-procs", type=int, default=None,
+                   help="at most this many slots (default N; capped to the cluster's slots)")
     p.add_argument("--name", default=None)
     p.add_argument("--application", default=None,
                    help="the profiled application that models the job for the policy (e.g. cifar10)")
     p.add_argument("--batch-size", type=int, default=None, help="the job's global batch, for its model")
-    p.add_argument("script", nargs="+", help="SCRIPT [ARGS]")
+    p.add_argument("script", help="the training script (a path every node reads)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(run=submit)
     p = sub.add_parser("status", help="the cluster's jobs: state, processes and where, progress")
     p.add_argument("job", nargs="?")
@@ -94,14 +104,75 @@ def _connect(saved: dict):
     os.environ.update(_ray_env(saved))
     import ray
 
+    address = saved["address"]
+    if saved["local"] and "ray_sessions" in saved and not _ray_pids(saved):
+        raise UsageError(f"the cluster at {address} is not running (its Ray processes are gone): start it again "
+                         "with `easyscale cluster start`")
+    _init_ray(address, "is its Ray running? Start it with `easyscale cluster start`")
+    try:
+        return ray, ray.get_actor("scheduler")
+    except ValueError:
+        again = "easyscale cluster start" + ("" if saved["local"] else f" --address {address}")
+        raise UsageError(f"Ray runs at {address} but the cluster's scheduler does not: start it again with "
+                         f"`{again}` (the jobs it had are kept in its job table)")
+
+
+def _init_ray(address: str, advice: str, timeout_s: float = 20.0) -> None:
+    """Join this process to the Ray at `address`, or a UsageError with `advice` within `timeout_s` (ray.init
+    retries a GCS that does not serve, e.g. one being stopped, without end)."""
+    import ray
+
     from ..cluster import NAMESPACE
 
-    try:
-        ray.init(address=saved["address"], namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
-        return ray, ray.get_actor("scheduler")
-    except (ConnectionError, ValueError) as e:
-        raise UsageError(f"the cluster at {saved['address']} does not answer ({e}); start it with "
-                         "`easyscale cluster start`")
+    failure, joined = [], threading.Event()
+
+    def join():
+        try:
+            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+        except Exception as e:  # noqa: BLE001 (raised in the caller's thread)
+            failure.append(e)
+        joined.set()
+
+    threading.Thread(target=join, daemon=True).start()
+    if not joined.wait(timeout_s):
+        raise UsageError(f"the cluster at {address} does not answer within {timeout_s:g} s: {advice}")
+    if failure and isinstance(failure[0], ConnectionError):
+        raise UsageError(f"the cluster at {address} does not answer ({str(failure[0]).splitlines()[0]}): {advice}")
+    if failure:
+        raise failure[0]
+
+
+def _ray_pids(saved: dict) -> list:
+    """The processes of the Ray that `cluster start` started here: every one in the sessions it recorded (Ray's
+    own processes and its workers stay in the session of the `ray start` that made them)."""
+    sessions = set(saved.get("ray_sessions", ()))
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) in sessions:
+                    pids.append(int(entry))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            pass
+    return pids
+
+
+def _stop_ray(saved: dict) -> int:
+    """End the Ray processes `cluster start` started (SIGTERM, then SIGKILL after 3 s: gcs_server and the raylet
+    take longer to heed SIGTERM); how many there were."""
+    pids = _ray_pids(saved)
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for pid in _ray_pids(saved):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while _ray_pids(saved) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _ray_pids(saved):
+            break
+    return len(pids)
 
 
 def _call(ray, ref):
@@ -122,6 +193,47 @@ def start(args) -> int:
         raise UsageError(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
     state = home()
     os.makedirs(state, exist_ok=True)
+    saved = _running()
+    if saved is None:
+        saved = _start_ray(args, state)
+    elif args.address not in (None, saved["address"]) or args.slots is not None and saved["local"]:
+        raise UsageError(f"a cluster is running at {saved['address']}: stop it first with `easyscale cluster stop` "
+                         "to start another or change its slots")
+    else:
+        print(f"easyscale: Ray already runs at {saved['address']}; starting its scheduler unless it runs",
+              file=sys.stderr)
+    address = saved["address"]
+    os.environ.update(_ray_env(saved))
+    import ray
+
+    from ..cluster.scheduler import launch
+
+    _init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
+    scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, name="scheduler", lifetime="detached",
+                       get_if_exists=True)
+    try:
+        ray.get(scheduler.status.remote())
+    except ray.exceptions.RayActorError as e:
+        raise UsageError(str(e.__cause__ or e).splitlines()[-1])
+    print(f"easyscale: cluster at {address}, scheduler running ({args.policy}, rounds of {args.round:g} s); "
+          "submit jobs with `easyscale submit --virtual-workers N SCRIPT [ARGS]`")
+    return 0
+
+
+def _running():
+    """The saved cluster if its Ray still runs (or, joined with --address, may run); None if there is none."""
+    try:
+        saved = _saved()
+    except UsageError:
+        return None
+    if saved["local"] and "ray_sessions" in saved and not _ray_pids(saved):  # ended without `cluster stop`
+        os.unlink(os.path.join(home(), "cluster.json"))
+        return None
+    return saved
+
+
+def _start_ray(args, state: str) -> dict:
+    """Start Ray on this machine (or note the cluster at --address) and save what `stop` needs to end it."""
     local = args.address is None
     saved = {"address": args.address, "local": local, "state": os.path.join(state, "state"),
              "token": os.path.join(state, "ray_auth_token")}
@@ -137,52 +249,54 @@ def start(args) -> int:
             with os.fdopen(os.open(saved["token"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
                 f.write(secrets.token_hex(32))
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-        started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
-                                  "--resources", json.dumps({SLOT: args.slots}), "--include-dashboard", "false",
-                                  "--disable-usage-stats"], env=dict(os.environ, **_ray_env(saved)),
-                                 capture_output=True, text=True)
-        if started.returncode != 0:
-            raise UsageError(f"Ray did not start: {started.stderr.strip().splitlines()[-1:]}")
+        # In a session of its own, which Ray's processes keep: `cluster stop` ends that session and nothing else.
+        starter = subprocess.Popen([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
+                                    "--resources", json.dumps({SLOT: args.slots or os.cpu_count()}),
+                                    "--include-dashboard", "false", "--disable-usage-stats"],
+                                   env=dict(os.environ, **_ray_env(saved)), start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, err = starter.communicate()
+        saved["ray_sessions"] = [starter.pid]
+        if starter.returncode != 0:
+            _stop_ray(saved)
+            raise UsageError(f"Ray did not start: {err.strip().splitlines()[-1:]}")
     with open(os.path.join(state, "cluster.json"), "w") as f:
         json.dump(saved, f)
-    address = saved["address"]
-    os.environ.update(_ray_env(saved))
-    import ray
-
-    from ..cluster import NAMESPACE
-    from ..cluster.scheduler import launch
-
-    ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
-    scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, name="scheduler", lifetime="detached",
-                       get_if_exists=True)
-    try:
-        ray.get(scheduler.status.remote())
-    except ray.exceptions.RayActorError as e:
-        raise UsageError(str(e.__cause__ or e).splitlines()[-1])
-    print(f"easyscale: cluster at {address}, scheduler running ({args.policy}, rounds of {args.round:g} s); "
-          "submit jobs with `easyscale submit SCRIPT --virtual-workers N`")
-    return 0
+    return saved
 
 
 def stop(args) -> int:
     saved = _saved()
-    ray, scheduler = _connect(saved)
-    ray.kill(scheduler)
-    ray.shutdown()
-    if saved["local"]:
-        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "stop", "--force"],
-                       capture_output=True)
+    try:
+        ray, scheduler = _connect(saved)
+        ray.kill(scheduler)
+        ray.shutdown()
+        stopped = ["the scheduler"]
+    except UsageError as e:  # nothing to stop there: say so, and end what this machine's Ray left
+        print(f"easyscale: {e}", file=sys.stderr)
+        stopped = []
+    if saved["local"] and "ray_sessions" in saved:
+        stopped.append(f"Ray at {saved['address']} ({_stop_ray(saved)} processes `cluster start` started)")
+    elif saved["local"]:  # started by a version that did not record its processes
+        print("easyscale: this cluster's Ray was started by an earlier version that did not record its processes: "
+              "end it with `ray stop` (which ends every Ray on this machine)", file=sys.stderr)
+    else:
+        print(f"easyscale: Ray at {saved['address']} was not started here and keeps running", file=sys.stderr)
     os.unlink(os.path.join(home(), "cluster.json"))
-    print("easyscale: cluster stopped")
+    print(f"easyscale: stopped {' and '.join(stopped) or 'nothing (nothing was running)'}")
     return 0
 
 
 def submit(args) -> int:
     ray, scheduler = _connect(_saved())
-    script = [os.path.abspath(args.script[0])] + args.script[1:]
-    job = _call(ray, scheduler.submit.remote(script, args.virtual_workers, args.min_procs, args.max_procs,
-                                             args.name, {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    job = _call(ray, scheduler.submit.remote([os.path.abspath(args.script)] + args.args, args.virtual_workers,
+                                             args.min_procs, args.max_procs, args.name,
+                                             {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
                                              args.application, args.batch_size))
+    capped = _call(ray, scheduler.status.remote(job))[0]["max_procs"]
+    if capped < (args.max_procs or args.virtual_workers):
+        print(f"easyscale: the cluster has {capped} slots: {job} runs on at most {capped} processes "
+              f"(of {args.max_procs or args.virtual_workers} asked)", file=sys.stderr)
     print(job)
     return 0
 
@@ -209,16 +323,17 @@ def status(args) -> int:
 def logs(args) -> int:
     ray, scheduler = _connect(_saved())
     offset = 0
-    while True:
+    while True:  # with -f, the state is read before the output, so the output read after an end is all of it
+        ended = not args.follow or _call(ray, scheduler.status.remote(args.job))[0]["state"] not in ("queued",
+                                                                                                   "running")
         chunk = _call(ray, scheduler.log.remote(args.job, args.worker, offset))
         sys.stdout.write(chunk.decode(errors="replace"))
         sys.stdout.flush()
         offset += len(chunk)
-        if not args.follow:
+        if ended and not chunk:
             return 0
-        if _call(ray, scheduler.status.remote(args.job))[0]["state"] not in ("queued", "running"):
-            return 0
-        time.sleep(1.0)
+        if not chunk:
+            time.sleep(1.0)
 
 
 def _node(ray, scheduler, prefix):
