@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from datetime import timedelta
 from typing import Dict, List, Optional
 
 import ray
@@ -33,15 +32,13 @@ log = logging.getLogger(__name__)
 @ray.remote(num_cpus=0)
 class JobSupervisor:
     def __init__(self, job_id: str, argv: List[str], env: Dict[str, str], log_dir: str, virtual_workers: int):
-        import torch.distributed as dist
-
-        from ..elastic import client
+        from ..elastic import client  # torch: here, not where the scheduler imports this module
 
         self.client = client
         self.job_id, self.argv, self.env, self.log_dir = job_id, list(argv), dict(env), log_dir
         self.virtual_workers = virtual_workers
         host = ray.util.get_node_ip_address()  # the cluster's private interface (loopback on one machine)
-        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+        self.store = client.serve(host)  # on that address only
         self.address = f"{host}:{self.store.port}"
         self.workers: Dict[str, ray.actor.ActorHandle] = {}  # process name -> its slot's actor
         self.node_of: Dict[str, str] = {}

@@ -5,6 +5,7 @@ Every request is checked against the job's state in the store before it is writt
 cannot take raises ValueError and sends nothing.
 """
 import json
+import socket
 from datetime import timedelta
 from typing import List, Sequence
 
@@ -29,6 +30,22 @@ def parse_address(address: str):
         raise ValueError(f"expected the job store's address as HOST:PORT (as `easyscale run` prints it), "
                          f"got {address!r}")
     return host, int(port)
+
+
+def serve(host: str, port: int = 0, timeout_s: float = 300.0) -> dist.TCPStore:
+    """The job store, listening on `host`'s address only. Given a host, torch's TCPStore still listens on every
+    interface; so the listening socket is made here, bound to that address, and handed to it."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        raise
+    return dist.TCPStore(host, listener.getsockname()[1], is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.detach())  # the store's now
 
 
 def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.TCPStore:

@@ -7,12 +7,10 @@ import logging
 import os
 import subprocess
 import time
-from datetime import timedelta
 from typing import Dict, Optional, Sequence
 
-import torch.distributed as dist
 
-from .client import ID_ENV, JOIN_ENV, STORE_ENV, current_members
+from .client import ID_ENV, JOIN_ENV, STORE_ENV, current_members, serve
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +25,7 @@ class ElasticLauncher:
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
         self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
-        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=300))
+        self.store = serve(host, port)
         self.address = f"{host}:{self.store.port}"
         self.cpus = list(cpus or [])
         self.env_per_process = list(env_per_process or [{}])

@@ -11,6 +11,7 @@ from easyscale_ext.cluster import NAMESPACE, SLOT
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
 from support.jobs import JOB, run_job
+from support.sockets import listening
 
 pytestmark = pytest.mark.multiprocess
 JOB_ARGS = dict(n=4, steps=8, epochs=2)  # 16 steps
@@ -42,6 +43,8 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     a, b = cluster.node_ids()
     out, events = tmp_path / "hash", tmp_path / "events"
     supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events))
+    host, _, port = status()["address"].rpartition(":")
+    assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
     wait(lambda: sorted(status()["nodes"]) == sorted([a, b]) or status()["done"] is not None, "growth")
     ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
