@@ -6,6 +6,7 @@ cannot take raises ValueError and sends nothing.
 """
 import json
 import socket
+import time
 from datetime import timedelta
 from typing import List, Sequence
 
@@ -50,14 +51,25 @@ def serve(host: str, port: int = 0, timeout_s: float = 300.0) -> dist.TCPStore:
 
 def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.TCPStore:
     """A client of the job store at `address`. `connect_timeout_s` (default `timeout_s`) bounds the wait
-    for the store to answer; `timeout_s` bounds every later wait on a key."""
+    for the store to answer; `timeout_s` bounds every later wait on a key. Given `connect_timeout_s` (a tool
+    asking a running job, whose store is up), a refused connection fails at once: TCPStore would retry it."""
     host, port = parse_address(address)
+    wait_s = connect_timeout_s or timeout_s
+    unreachable = f"no job store answers at {address} (within {wait_s:g} s): is the job running? `easyscale run` " \
+                  "prints its store's address"
+    start = time.monotonic()
+    if connect_timeout_s is not None:
+        try:
+            socket.create_connection((host, port), timeout=wait_s).close()
+        except ConnectionRefusedError:
+            raise StoreUnreachable(unreachable.replace(f"(within {wait_s:g} s)", "(connection refused)")) from None
+        except OSError as e:
+            raise StoreUnreachable(unreachable) from e
     try:
         store = dist.TCPStore(host, port, is_master=False,
-                              timeout=timedelta(seconds=connect_timeout_s or timeout_s))
+                              timeout=timedelta(seconds=max(wait_s - (time.monotonic() - start), 0.1)))
     except (RuntimeError, dist.DistError) as e:  # the C++ client's error text is a stack: say it in a line
-        raise StoreUnreachable(f"no job store answers at {address} (within {connect_timeout_s or timeout_s:g} s): "
-                               "is the job running? `easyscale run` prints its store's address") from e
+        raise StoreUnreachable(unreachable) from e
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
 
