@@ -18,7 +18,9 @@ _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TE
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",
-           "CREATE TABLE IF NOT EXISTS reservations (id TEXT PRIMARY KEY, node TEXT)")
+           "CREATE TABLE IF NOT EXISTS reservations (id TEXT PRIMARY KEY, node TEXT)",
+           # rounds and `status` read live jobs: an index keeps that quick however many jobs have ended
+           "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted)")
 
 
 class JobTable:
@@ -63,6 +65,13 @@ class JobTable:
         with self.lock:
             rows = self.db.execute(f"SELECT * FROM jobs WHERE state IN ({', '.join('?' * len(states))}) "
                                    "ORDER BY submitted", tuple(states)).fetchall()
+        return [_decode(r) for r in rows]
+
+    def ended(self, limit: int) -> List[dict]:
+        """The `limit` jobs that ended last (finished, failed or cancelled), in submission order."""
+        with self.lock:
+            rows = self.db.execute("SELECT * FROM (SELECT * FROM jobs WHERE state IN ('finished', 'failed', "
+                                   "'cancelled') ORDER BY finished DESC LIMIT ?) ORDER BY submitted", (limit,)).fetchall()
         return [_decode(r) for r in rows]
 
     def allocations(self) -> List[tuple]:

@@ -1,0 +1,47 @@
+"""The job table stays quick to read however many jobs have ended, and survives its writer killed mid-write."""
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from easyscale_ext.cluster.jobtable import JobTable
+
+WRITER = """
+import sys
+from easyscale_ext.cluster.jobtable import JobTable
+table = JobTable(sys.argv[1])
+print("writing", flush=True)
+while True:
+    job = table.add("w", ["train.py"], {}, 4, 1, 4)
+    table.update(job, state="running", nodes=["a", "b"])
+    table.update(job, state="finished", exit_code=0, finished=1.0, nodes=[])
+"""
+
+
+def test_live_jobs_and_the_last_ended_are_read_through_an_index(tmp_path):
+    table = JobTable(str(tmp_path / "jobs.sqlite"))
+    with table.db:  # 10,000 ended jobs in one transaction
+        table.db.executemany("INSERT INTO jobs (id, state, submitted, finished, argv, env, nodes) "
+                             "VALUES (?, 'finished', ?, ?, '[]', '{}', '[]')", [(f"old{i}", i, i) for i in range(10000)])
+    live = [table.add(f"live{i}", ["train.py"], {}, 4, 1, 4) for i in range(2)]
+    assert [j["id"] for j in table.list(("queued", "running"))] == live
+    assert [j["id"] for j in table.ended(10)] == [f"old{i}" for i in range(9990, 10000)]
+    plan = " ".join(str(tuple(r)) for r in table.db.execute(
+        "EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY submitted"))
+    assert "jobs_by_state" in plan, plan
+
+
+def test_the_table_survives_its_writer_killed_mid_write(tmp_path):
+    path = str(tmp_path / "jobs.sqlite")
+    for _ in range(3):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE, text=True)
+        assert writer.stdout.readline() == "writing\n"
+        time.sleep(0.5)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    table = JobTable(path)
+    jobs = table.list()
+    assert len(jobs) > 3 and all(j["state"] in ("queued", "running", "finished") for j in jobs)
+    assert len(table.allocations()) >= 2 * (len(jobs) - 3)  # every job's changes but the last one's per writer
