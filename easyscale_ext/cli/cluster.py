@@ -22,6 +22,9 @@ from collections import Counter
 from .main import UsageError
 
 
+SHOWN_ENDED = 10  # jobs that ended shown by `status` without --all
+
+
 def home() -> str:
     return os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
 
@@ -33,11 +36,13 @@ def add_parsers(sub) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     q = verbs.add_parser("start", help="start the scheduler (and, without --address, Ray on this machine)")
     q.add_argument("--address", help="join this Ray cluster (HOST:PORT of its head) instead of starting one")
-    q.add_argument("--slots-per-node", "--slots", dest="slots", type=int, default=None,
-                   help="slots of this machine's node when Ray is started here (default: its CPU count)")
+    q.add_argument("--slots-per-node", "--slots", dest="slots", default=None, metavar="K[:TYPE]",
+                   help="slots of this machine's node when Ray is started here (default: its CPU count), and the "
+                        "device type they stand for (default --slot-type)")
     q.add_argument("--policy", default="fifo", help=f"the scheduling policy (default fifo): {', '.join(POLICIES)}")
     q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
-    q.add_argument("--slot-type", default="t4", help="the GPU type whose profiles model a slot (default t4)")
+    q.add_argument("--slot-type", default="t4", help="the GPU type whose profiles model a slot of a node that "
+                   "declares none (default t4)")
     q.set_defaults(run=start)
     q = verbs.add_parser("stop", help="stop the scheduler, and the Ray processes `cluster start` started (no others)")
     q.set_defaults(run=stop)
@@ -70,6 +75,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=submit)
     p = sub.add_parser("status", help="the cluster's jobs: state, processes and where, progress")
     p.add_argument("job", nargs="?")
+    p.add_argument("--all", action="store_true", help=f"every job ended (default: the {SHOWN_ENDED} that ended last)")
     p.set_defaults(run=status)
     p = sub.add_parser("logs", help="a job's output (of its first process, or --worker)")
     p.add_argument("job")
@@ -150,8 +156,9 @@ def _ray_pids(saved: dict) -> list:
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[3]) in sessions:
-                    pids.append(int(entry))
+                state, _, _, session = f.read().rsplit(")", 1)[1].split()[:4]
+            if int(session) in sessions and state != "Z":  # a zombie has ended: only its parent's wait is left
+                pids.append(int(entry))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             pass
     return pids
@@ -191,11 +198,12 @@ def start(args) -> int:
 
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
+    slots = _slots(args.slots, args.slot_type)
     state = home()
     os.makedirs(state, exist_ok=True)
     saved = _running()
     if saved is None:
-        saved = _start_ray(args, state)
+        saved = _start_ray(args.address, slots, state)
     elif args.address not in (None, saved["address"]) or args.slots is not None and saved["local"]:
         raise UsageError(f"a cluster is running at {saved['address']}: stop it first with `easyscale cluster stop` "
                          "to start another or change its slots")
@@ -210,7 +218,7 @@ def start(args) -> int:
 
     _init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
     scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, name="scheduler", lifetime="detached",
-                       get_if_exists=True)
+                       get_if_exists=True, max_restarts=-1)  # a crash: Ray starts it again, it takes its jobs back
     try:
         ray.get(scheduler.status.remote())
     except ray.exceptions.RayActorError as e:
@@ -232,14 +240,26 @@ def _running():
     return saved
 
 
-def _start_ray(args, state: str) -> dict:
-    """Start Ray on this machine (or note the cluster at --address) and save what `stop` needs to end it."""
-    local = args.address is None
-    saved = {"address": args.address, "local": local, "state": os.path.join(state, "state"),
+def _slots(spec, default_type: str):
+    """(slots, type) of `--slots K[:TYPE]` (K: this machine's CPU count if not given), or a UsageError."""
+    from ..sched.models.application import GPU_TYPES
+
+    count, _, gpu_type = (spec or str(os.cpu_count())).partition(":")
+    if not count.isdigit() or int(count) < 1:
+        raise UsageError(f"--slots {spec}: expected K or K:TYPE with K >= 1 slots, e.g. 4 or 4:a100")
+    for t in (gpu_type or None, default_type):
+        if t is not None and t not in GPU_TYPES:
+            raise UsageError(f"unknown slot type {t!r}: the profiles know {', '.join(GPU_TYPES)}")
+    return int(count), gpu_type or None
+
+
+def _start_ray(address, slots, state: str) -> dict:
+    """Start Ray on this machine (or note the cluster at `address`) and save what `stop` needs to end it."""
+    local = address is None
+    saved = {"address": address, "local": local, "state": os.path.join(state, "state"),
              "token": os.path.join(state, "ray_auth_token")}
     if local:
-        from ..cluster import SLOT
-        from ..cluster.local import HOST
+        from ..cluster.local import HOST, slot_resources
 
         with socket.socket() as s:
             s.bind((HOST, 0))
@@ -251,7 +271,7 @@ def _start_ray(args, state: str) -> dict:
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         # In a session of its own, which Ray's processes keep: `cluster stop` ends that session and nothing else.
         starter = subprocess.Popen([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
-                                    "--resources", json.dumps({SLOT: args.slots or os.cpu_count()}),
+                                    "--resources", json.dumps(slot_resources(*slots)),
                                     "--include-dashboard", "false", "--disable-usage-stats"],
                                    env=dict(os.environ, **_ray_env(saved)), start_new_session=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -303,11 +323,12 @@ def submit(args) -> int:
 
 def status(args) -> int:
     ray, scheduler = _connect(_saved())
-    jobs = _call(ray, scheduler.status.remote(args.job))
+    jobs = _call(ray, scheduler.status.remote(args.job, None if args.all else SHOWN_ENDED))
     if not args.job:
-        print(f"{'node':<10} {'slots':>5} {'reserved':>8} {'held':>5}")
+        print(f"{'node':<10} {'type':<8} {'slots':>5} {'reserved':>8} {'held':>5}")
         for node in _call(ray, scheduler.nodes.remote()):
-            print(f"{node['node'][:8]:<10} {node['slots']:>5} {node['reserved']:>8} {node['held']:>5}")
+            print(f"{node['node'][:8]:<10} {node['type']:<8} {node['slots']:>5} {node['reserved']:>8} "
+                  f"{node['held']:>5}")
         print()
     print(f"{'job':<24} {'state':<10} {'processes on nodes':<28} {'steps/s':>8} {'progress':>12}")
     for job in jobs:
@@ -317,6 +338,8 @@ def status(args) -> int:
         rate = f"{1 / job['step_s']:.2f}" if job.get("step_s") else ""
         step = f"{progress['step']}/{progress.get('total') or '?'}" if progress else ""
         print(f"{job['id']:<24} {job['state']:<10} {where:<28} {rate:>8} {step:>12}")
+    if not args.job and not args.all and sum(j["state"] not in ("queued", "running") for j in jobs) == SHOWN_ENDED:
+        print(f"(the {SHOWN_ENDED} jobs that ended last; `easyscale status --all` lists every one)")
     return 0
 
 

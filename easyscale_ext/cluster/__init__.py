@@ -9,5 +9,7 @@ the simulator reports them (report), and Ray on loopback for one machine and the
 the training runtime only inside a job's processes.
 """
 SLOT = "easyscale_slot"  # the Ray resource a node offers per slot: a GPU, or a share of a CPU-only node
+TYPED = SLOT + "_"  # a node's slots of type T also carry the resource `easyscale_slot_T` (one per slot): its type
+TYPE_ENV = "EASYSCALE_SLOT_TYPE"  # a job process's slot type (e.g. to emulate that device's speed)
 NAMESPACE = "easyscale"  # the Ray namespace of the scheduler and the supervisors (named, detached actors)
 NODE_ENV = "EASYSCALE_NODE"  # a job process's Ray node id (where it runs, e.g. to know its placement)

@@ -7,9 +7,9 @@ real cluster over several machines (`ray start --head` / `--address`, KubeRay) n
 """
 import os
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-from . import SLOT
+from . import SLOT, TYPED
 
 HOST = "127.0.0.1"
 
@@ -32,28 +32,36 @@ def use_loopback(home: Optional[str] = None) -> None:
     os.environ.update(loopback_env(home))
 
 
-class LocalCluster:
-    """A Ray cluster of `nodes` worker nodes with `slots` slots each, plus a head node that holds no slot
-    (the scheduler and the jobs' supervisors live there), all on this machine. Connects this process."""
+def slot_resources(slots: int, gpu_type: Optional[str] = None) -> Dict[str, int]:
+    """The Ray resources of a node with `slots` slots (of `gpu_type`, if given)."""
+    return {SLOT: slots, **({TYPED + gpu_type: slots} if gpu_type else {})}
 
-    def __init__(self, nodes: int = 2, slots: int = 4, cpus_per_node: int = 2):
+
+class LocalCluster:
+    """A Ray cluster of `nodes` worker nodes with `slots` slots each (of the type `types[i]` for node i, if given),
+    plus a head node that holds no slot (the scheduler and the jobs' supervisors live there), all on this
+    machine. Connects this process."""
+
+    def __init__(self, nodes: int = 2, slots: int = 4, cpus_per_node: int = 2, types: Sequence[str] = ()):
         use_loopback()  # before ray loads: it reads these when imported
         import ray
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 1, "node_ip_address": HOST, "include_dashboard": False})
-        self.nodes = [self.cluster.add_node(num_cpus=cpus_per_node, node_ip_address=HOST, resources={SLOT: slots})
-                      for _ in range(nodes)]
+        self.nodes = [self.cluster.add_node(num_cpus=cpus_per_node, node_ip_address=HOST,
+                                            resources=slot_resources(slots, types[i] if types else None))
+                      for i in range(nodes)]
         ray.init(address=self.cluster.address, logging_level="ERROR", log_to_driver=False)
 
     def node_ids(self) -> List[str]:
         """The slot nodes' ids, in the order they were added."""
         return [n.node_id for n in self.nodes]
 
-    def add_node(self, slots: int, cpus: int = 2) -> int:
-        """Another slot node (as a machine joining); returns its index."""
-        self.nodes.append(self.cluster.add_node(num_cpus=cpus, node_ip_address=HOST, resources={SLOT: slots}))
+    def add_node(self, slots: int, cpus: int = 2, gpu_type: Optional[str] = None) -> int:
+        """Another slot node (as a machine joining), of `gpu_type` if given; returns its index."""
+        self.nodes.append(self.cluster.add_node(num_cpus=cpus, node_ip_address=HOST,
+                                                resources=slot_resources(slots, gpu_type)))
         return len(self.nodes) - 1
 
     def remove_node(self, index: int) -> None:

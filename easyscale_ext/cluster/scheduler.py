@@ -26,7 +26,7 @@ from ..sched.models.cluster import Cluster, placement_of
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
 from ..sched.policies.nonpreemptive import NonPreemptive
-from . import NAMESPACE, SLOT, reserve
+from . import NAMESPACE, SLOT, TYPED, reserve
 from .jobtable import JobTable
 from .supervisor import JobSupervisor
 
@@ -38,7 +38,8 @@ HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
 
 def launch(state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4", **options):
     """Start the scheduler on the head node, where nodes that come and go cannot take it (or the supervisors
-    beside it) down; `options` are Ray's actor options (a name, a lifetime)."""
+    beside it) down; `options` are Ray's actor options (a name, a lifetime, `max_restarts=-1` to have Ray start it
+    again if it dies: it takes its jobs back from the job table)."""
     return Scheduler.options(resources={HEAD: 0.001}, **options).remote(state_dir, policy, round_s, slot_type)
 
 
@@ -46,6 +47,12 @@ def slot_nodes() -> Dict[str, int]:
     """Slots per alive node that offers them, by node id."""
     return {n["NodeID"]: int(n["Resources"][SLOT]) for n in ray.nodes()
             if n["Alive"] and n["Resources"].get(SLOT)}
+
+
+def slot_types(default: str) -> Dict[str, str]:
+    """The type of each alive node's slots, by node id: the T of its `easyscale_slot_T` resource, else `default`."""
+    return {n["NodeID"]: next((r[len(TYPED):] for r in n["Resources"] if r.startswith(TYPED)), default)
+            for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT)}
 
 
 @ray.remote(num_cpus=0)
@@ -59,8 +66,13 @@ class Scheduler:
         if not slot_nodes():
             raise ValueError(f"no node of this Ray cluster offers the {SLOT!r} resource: start nodes with "
                              f"--resources '{{\"{SLOT}\": K}}' (easyscale cluster start does)")
+        unknown = sorted(set(slot_types(slot_type).values()) - set(GPU_TYPES))
+        if unknown:
+            raise ValueError(f"nodes declare slots of unknown types {unknown} ({TYPED}T resources): the profiles "
+                             f"know {', '.join(GPU_TYPES)}")
         os.makedirs(state_dir, exist_ok=True)
         self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
+        self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
         self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
         self.policy_name = policy
         self.policy = NonPreemptive(POLICIES[policy](0))
@@ -81,6 +93,12 @@ class Scheduler:
                 self.supervisors[job["id"]] = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
             except ValueError:  # its supervisor is gone with the cluster: the job's state is unknown
                 self.table.update(job["id"], state="failed", finished=time.time(), nodes=[])
+        for job in self.table.list(("queued",)):  # a supervisor whose round died before the job was marked running
+            try:  # has started no process (a round places a job after marking it): end it, its name is the job's
+                ray.kill(ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE))
+                self._wait_until_gone(job["id"])
+            except ValueError:
+                pass
         self.wake = threading.Event()
         threading.Thread(target=self._loop, daemon=True, name="easyscale-scheduler").start()
 
@@ -155,8 +173,15 @@ class Scheduler:
         self.wake.set()
         return len(slots)
 
-    def status(self, job_id: Optional[str] = None) -> List[dict]:
-        jobs = [self._job(job_id)] if job_id else self.table.list()
+    def status(self, job_id: Optional[str] = None, ended: Optional[int] = None) -> List[dict]:
+        """The job `job_id`, or the live jobs and the `ended` that ended last (None: every job)."""
+        if job_id:
+            jobs = [self._job(job_id)]
+        elif ended is None:
+            jobs = self.table.list()
+        else:
+            jobs = self.table.list(("queued", "running")) + self.table.ended(ended)
+            jobs.sort(key=lambda j: j["submitted"])
         for job in jobs:
             supervisor, job["live"] = self.supervisors.get(job["id"]), None
             if supervisor and job["state"] == "running":
@@ -168,11 +193,12 @@ class Scheduler:
         return jobs
 
     def nodes(self) -> List[dict]:
-        """Per node offering slots: its id, slots, slots reserved and slots held by jobs."""
-        slots = slot_nodes()
+        """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs."""
+        slots, types = slot_nodes(), slot_types(self.slot_type)
         reserved = Counter(n for _, n in self.table.reservations())
         held = Counter(n for j in self.table.list(("running",)) for n in j["nodes"])
-        return [{"node": n, "slots": s, "reserved": reserved[n], "held": held[n]} for n, s in sorted(slots.items())]
+        return [{"node": n, "type": types[n], "slots": s, "reserved": reserved[n], "held": held[n]}
+                for n, s in sorted(slots.items())]
 
     def log(self, job_id: str, worker: Optional[str] = None, offset: int = 0) -> bytes:
         """A process's output from `offset`: through its slot's actor while the job runs, else from the log
@@ -195,8 +221,10 @@ class Scheduler:
         """The run so far, as `easyscale simulate` reports a simulated one (a sched.simulator.Result)."""
         from .report import run_result
 
+        slots, types = slot_nodes(), slot_types(self.slot_type)
         return run_result(self.table.list(), self.table.allocations(), self.policy_name,
-                          f"{sum(slot_nodes().values())} slots ({self.slot_type})", self.round_s)
+                          ", ".join(f"{sum(slots[n] for n in slots if types[n] == t)} slots ({t})"
+                                    for t in sorted(set(types.values()))), self.round_s)
 
     def round_seconds(self) -> List[float]:
         return list(self.rounds)
@@ -224,10 +252,16 @@ class Scheduler:
         """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
         starts (it imports torch for the job's store) while the scheduler goes on."""
         first = not self.table.get(job_id)["nodes"]
-        self.placing[self.supervisors[job_id].place.remote(nodes)] = (job_id, first)  # not awaited: rounds stay short
+        types = [self.types.get(n, self.slot_type) for n in nodes]
+        self.placing[self.supervisors[job_id].place.remote(nodes, types)] = (job_id, first)  # not awaited
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
-            self.models[job_id].allocate({self.slot_type: placement_of(nodes)}, 0.0)
+            self.models[job_id].allocate(self._groups(nodes), 0.0)
+
+    def _groups(self, nodes: List[str]) -> Dict[str, tuple]:
+        """A job's slots as its model takes them: {type: slots per node}."""
+        types = [self.types.get(n, self.slot_type) for n in nodes]
+        return {t: placement_of([n for n, nt in zip(nodes, types) if nt == t]) for t in dict.fromkeys(types)}
 
     def _loop(self) -> None:
         next_round = time.monotonic()
@@ -266,6 +300,7 @@ class Scheduler:
                     ray.kill(supervisor)
                     self.table.update(job_id, state="failed", finished=time.time(), nodes=[])
         slots = slot_nodes()
+        self.types.update(slot_types(self.slot_type))  # a node gone keeps its type: jobs' models may still name it
         for slot_id, node in self.table.reservations():
             if node not in slots:  # went with its node
                 self._drop_reservation(slot_id)
@@ -276,8 +311,9 @@ class Scheduler:
         self._fit(active, capacity)
         active = self.table.list(("queued", "running"))
         node_ids = sorted(n for n in capacity if capacity[n] > 0)
-        cluster = Cluster(",".join(f"1x{capacity[n]}:{self.slot_type}" for n in node_ids),
-                          tuple(capacity[n] for n in node_ids), (self.slot_type,) * len(node_ids))
+        types = tuple(self.types.get(n, self.slot_type) for n in node_ids)
+        cluster = Cluster(",".join(f"1x{capacity[n]}:{t}" for n, t in zip(node_ids, types)),
+                          tuple(capacity[n] for n in node_ids), types)
         index = {n: i for i, n in enumerate(node_ids)}
         for job in active:
             if job["id"] not in self.models:
@@ -286,7 +322,7 @@ class Scheduler:
                                                         job["virtual_workers"], job["max_procs"], app,
                                                         job["batch_size"], self.policy)
                 if job["nodes"]:  # a job taken back after a restart
-                    self.models[job["id"]].allocate({self.slot_type: placement_of(job["nodes"])}, 0.0)
+                    self.models[job["id"]].allocate(self._groups(job["nodes"]), 0.0)
             self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])
         allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in active if j["nodes"]}
         decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)

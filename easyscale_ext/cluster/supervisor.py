@@ -23,7 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import placement
-from . import NAMESPACE, NODE_ENV, SLOT
+from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
 from .worker import SlotWorker
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class JobSupervisor:
         self.joiners: set = set()  # processes started to join
         self.withdrawn: set = set()  # joiners told to leave before they were admitted
         self.desired: List[str] = []  # node ids, one per process
+        self.type_of: Dict[str, str] = {}  # node id -> its slots' type, as the scheduler says
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
         self.gone_with_node: set = set()  # processes lost with their node
         self.retired: set = set()  # processes whose slot's actor has been ended
@@ -60,14 +61,16 @@ class JobSupervisor:
         threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
 
     # -- the scheduler's calls ----------------------------------------------------------------
-    def place(self, nodes: List[str]) -> None:
-        """Hold one process on each of `nodes` (node ids, repeated for several slots of a node)."""
+    def place(self, nodes: List[str], types: Optional[List[str]] = None) -> None:
+        """Hold one process on each of `nodes` (node ids, repeated for several slots of a node); `types`, the type
+        of each node's slots, goes to its processes' environment."""
         if not nodes:
             raise ValueError("a running job holds at least one slot (to stop it, cancel it)")
         if len(nodes) > self.virtual_workers:
             raise ValueError(f"{len(nodes)} slots for a job of {self.virtual_workers} virtual workers")
         with self.lock:
             self.desired = list(nodes)
+            self.type_of.update(zip(nodes, types or ()))
             if not self.started:
                 first = [self._spawn(node, joining=False, name_only=True) for node in nodes]
                 self.store.set("gen/0/members", json.dumps(first))
@@ -153,6 +156,8 @@ class JobSupervisor:
         env = dict(self.env)
         env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
                     self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
+        if node in self.type_of:
+            env[TYPE_ENV] = self.type_of[node]
         self.node_of[name] = node
         if joining:
             self.joiners.add(name)

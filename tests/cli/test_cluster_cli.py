@@ -28,13 +28,14 @@ def easyscale(tmp_path):
 
 
 def session_pids(session: int):
-    """Processes of a session, from /proc."""
+    """Live processes of a session, from /proc."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[3]) == session:
-                    pids.append(int(entry))
+                state, _, _, sid = f.read().rsplit(")", 1)[1].split()[:4]
+            if int(sid) == session and state != "Z":  # a zombie has ended
+                pids.append(int(entry))
         except (OSError, ValueError):
             pass
     return pids
@@ -79,11 +80,11 @@ def test_the_readme_commands_run_their_job_and_jobs_keep_their_fixed_bits(easysc
         assert out.returncode == 0, out.stderr
         digests += re.findall(r"^step 48: sha256 ([0-9a-f]{64})$", out.stdout, re.M)
     assert len(digests) == 2 and digests[0] == digests[1]
-    table = easyscale("status").stdout
-    assert all(re.search(rf"^{job}\s+finished", table, re.M) for job in jobs), table
+    for table in (easyscale("status").stdout, easyscale("status", "--all").stdout):
+        assert all(re.search(rf"^{job}\s+finished", table, re.M) for job in jobs), table
     out = easyscale("cluster", "reserve", "1")
     assert out.returncode == 0 and "reserved 1 slots on 1x " in out.stdout, out.stderr
-    assert re.search(r"^\S+\s+2\s+1\s+0$", easyscale("status").stdout, re.M)  # node, slots, reserved, held
+    assert re.search(r"^\S+\s+t4\s+2\s+1\s+0$", easyscale("status").stdout, re.M)  # node, type, slots, reserved, held
     out = easyscale("cluster", "reserve", "2")
     assert out.returncode == 2 and "only 1 of 2 slots can be reserved in the cluster" in out.stderr, out.stderr
     assert "1 reserved slots given back" in easyscale("cluster", "unreserve").stdout
@@ -109,9 +110,15 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
                               "--disable-usage-stats"], env=dict(os.environ, **loopback_env()), start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        for spec, message in (("2:h100x", "unknown slot type 'h100x': the profiles know"),
+                              ("a:t4", "--slots a:t4: expected K or K:TYPE")):
+            out = easyscale("cluster", "start", "--slots", spec)
+            assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+            assert not (tmp_path / "home" / "cluster.json").exists()  # nothing started
         assert other.wait(timeout=120) == 0 and session_pids(other.pid), "the other Ray did not start"
-        out = easyscale("cluster", "start", "--slots", "1")
+        out = easyscale("cluster", "start", "--slots", "1:a100")
         assert out.returncode == 0, out.stderr
+        assert re.search(r"^\S+\s+a100\s+1\s+0\s+0$", easyscale("status").stdout, re.M)  # the node's type
         saved = json.loads((tmp_path / "home" / "cluster.json").read_text())
         env = dict(os.environ, **loopback_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=saved["token"])
         kill = (f"import ray; ray.init(address={saved['address']!r}, namespace='easyscale'); "
@@ -128,7 +135,7 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
         assert session_pids(saved["ray_sessions"][0])
         out = easyscale("cluster", "stop")
         assert out.returncode == 0 and re.search(rf"stopped the scheduler and Ray at {saved['address']} \(\d+ "
-                                                 "processes `cluster start` started\)", out.stdout), out.stdout
+                                                 r"processes `cluster start` started\)", out.stdout), out.stdout
         assert not session_pids(saved["ray_sessions"][0]), "a process of the cluster outlived `cluster stop`"
         assert session_pids(other.pid), "`cluster stop` ended a Ray it did not start"
     finally:

@@ -83,21 +83,32 @@ def test_an_unknown_policy_or_job_is_a_clear_error(cluster, scheduler, tmp_path)
         ray.get(scheduler.cancel.remote("nope"))
 
 
-def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path):
+@pytest.mark.parametrize("by", ["hand", "ray"])
+def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by):
+    """A scheduler whose actor dies (its supervisors and their processes live on) is started again, by hand or by
+    Ray (as `cluster start` makes it), and takes its running job back from the job table."""
     state = str(tmp_path / "state")
-    first = launch(state, "fifo", 0.5)
+    first = launch(state, "fifo", 0.5, max_restarts=-1 if by == "ray" else 0)
     job = ray.get(first.submit.remote(job_argv(tmp_path / "hash", 2) + ["--steps", "12"], 2, 1, 1, "kept", ENV))
     deadline = time.monotonic() + 120
     while (ray.get(first.status.remote(job))[0]["live"] or {}).get("progress") is None:
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.2)
-    ray.kill(first)  # as a crash of its actor: the job's supervisor and processes live on
-    second = launch(state, "fifo", 0.5)
+    pid = ray.get(first.__ray_call__.remote(lambda actor: os.getpid()))
+    ray.kill(first, no_restart=by == "hand")  # as a crash of its actor
+    second = launch(state, "fifo", 0.5) if by == "hand" else first
+
+    def state_of_job():
+        try:
+            return ray.get(second.status.remote(job))[0]["state"]
+        except ray.exceptions.RayActorError:  # a call that reached the actor as it died
+            return "restarting"
     try:
-        while ray.get(second.status.remote(job))[0]["state"] == "running":
+        while state_of_job() in ("running", "restarting"):
             assert time.monotonic() < deadline + 120, "the job did not end under the new scheduler"
             time.sleep(0.2)
-        assert ray.get(second.status.remote(job))[0]["state"] == "finished"
+        assert state_of_job() == "finished"
+        assert ray.get(second.__ray_call__.remote(lambda actor: os.getpid())) != pid  # another process
         assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
     finally:
         ray.kill(second)
@@ -165,3 +176,30 @@ def test_reserved_slots_are_taken_given_back_and_a_cancelled_job_frees_its_own(c
     finally:
         for o in others:
             ray.kill(o)
+
+
+def test_a_type_aware_policy_sees_the_nodes_types_and_a_process_its_own(cluster, tmp_path):
+    """A node declares its slots' type (`easyscale_slot_a100`); the scheduler hands the policy the typed cluster
+    that `easyscale simulate --cluster` builds (Sia runs on it), and a process learns its slot's type from its
+    environment."""
+    c = cluster.add_node(slots=1, gpu_type="a100")
+    scheduler = launch(str(tmp_path / "state"), "sia", 0.5)
+    script = tmp_path / "where.py"
+    script.write_text("import os; print('slot type', os.environ['EASYSCALE_SLOT_TYPE'])\n")
+    try:
+        nodes = {n["node"]: n["type"] for n in ray.get(scheduler.nodes.remote())}
+        assert nodes == {**dict.fromkeys(cluster.node_ids()[:2], "t4"), cluster.node_ids()[c]: "a100"}
+        assert len(ray.get(scheduler.reserve.remote(4))) == 4  # the t4 slots (the free slots of the fullest first)
+        assert {n["type"]: n["reserved"] for n in ray.get(scheduler.nodes.remote())} == {"t4": 2, "a100": 0}
+        job = ray.get(scheduler.submit.remote([str(script)], 1, 1, 1, "where", ENV, "cifar10"))
+        deadline = time.monotonic() + 120
+        while ray.get(scheduler.status.remote(job))[0]["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, ray.get(scheduler.status.remote(job))
+            time.sleep(0.2)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert "slot type a100" in log, log
+        assert ray.get(scheduler.report.remote()).cluster == "1 slots (a100), 4 slots (t4)"
+        assert ray.get(scheduler.unreserve.remote()) == 4
+    finally:
+        ray.kill(scheduler)
+        cluster.remove_node(c)
