@@ -41,6 +41,8 @@ def add_parsers(sub) -> None:
                         "device type they stand for (default --slot-type)")
     q.add_argument("--policy", default="fifo", help=f"the scheduling policy (default fifo): {', '.join(POLICIES)}")
     q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
+    q.add_argument("--no-preempt", dest="preempt", action="store_false",
+                   help="never suspend a job: a reservation takes only slots above the jobs' minimums")
     q.add_argument("--slot-type", default="t4", help="the GPU type whose profiles model a slot of a node that "
                    "declares none (default t4)")
     q.set_defaults(run=start)
@@ -217,8 +219,8 @@ def start(args) -> int:
     from ..cluster.scheduler import launch
 
     _init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
-    scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, name="scheduler", lifetime="detached",
-                       get_if_exists=True, max_restarts=-1)  # a crash: Ray starts it again, it takes its jobs back
+    scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, args.preempt, name="scheduler",
+                       lifetime="detached", get_if_exists=True, max_restarts=-1)  # a crash: Ray starts it again, it takes its jobs back
     try:
         ray.get(scheduler.status.remote())
     except ray.exceptions.RayActorError as e:
@@ -337,7 +339,10 @@ def status(args) -> int:
         where = ", ".join(f"{n}x {node[:8]}" for node, n in Counter(live.get("nodes", [])).items())
         rate = f"{1 / job['step_s']:.2f}" if job.get("step_s") else ""
         step = f"{progress['step']}/{progress.get('total') or '?'}" if progress else ""
-        print(f"{job['id']:<24} {job['state']:<10} {where:<28} {rate:>8} {step:>12}")
+        state = "suspended" if job["state"] == "queued" and (job.get("note") or "").startswith("suspended") \
+            else job["state"]
+        note = f"  ({job['note']})" if job["state"] == "queued" and job.get("note") else ""
+        print(f"{job['id']:<24} {state:<10} {where:<28} {rate:>8} {step:>12}{note}")
     if not args.job and not args.all and sum(j["state"] not in ("queued", "running") for j in jobs) == SHOWN_ENDED:
         print(f"(the {SHOWN_ENDED} jobs that ended last; `easyscale status --all` lists every one)")
     return 0

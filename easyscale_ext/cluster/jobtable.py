@@ -14,7 +14,7 @@ _JSON = ("argv", "env", "nodes")
 _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TEXT", "virtual_workers": "INTEGER",
             "min_procs": "INTEGER", "max_procs": "INTEGER", "state": "TEXT", "submitted": "REAL", "started": "REAL",
             "finished": "REAL", "exit_code": "INTEGER", "nodes": "TEXT", "log_dir": "TEXT", "application": "TEXT",
-            "batch_size": "INTEGER"}
+            "batch_size": "INTEGER", "note": "TEXT"}  # note: why a job waits in the queue again (suspended, ...)
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",

@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
 
 
-def launch(state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4", **options):
+def launch(state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4", preempt: bool = True,
+           **options):
     """Start the scheduler on the head node, where nodes that come and go cannot take it (or the supervisors
     beside it) down; `options` are Ray's actor options (a name, a lifetime, `max_restarts=-1` to have Ray start it
     again if it dies: it takes its jobs back from the job table)."""
-    return Scheduler.options(resources={HEAD: 0.001}, **options).remote(state_dir, policy, round_s, slot_type)
+    return Scheduler.options(resources={HEAD: 0.001}, **options).remote(state_dir, policy, round_s, slot_type,
+                                                                        preempt=preempt)
 
 
 def slot_nodes() -> Dict[str, int]:
@@ -58,7 +60,7 @@ def slot_types(default: str) -> Dict[str, str]:
 @ray.remote(num_cpus=0)
 class Scheduler:
     def __init__(self, state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4",
-                 data: Optional[str] = None):
+                 data: Optional[str] = None, preempt: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
         if slot_type not in GPU_TYPES:
@@ -72,6 +74,8 @@ class Scheduler:
                              f"know {', '.join(GPU_TYPES)}")
         os.makedirs(state_dir, exist_ok=True)
         self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
+        self.preempt = preempt  # a reservation may suspend a job (its policy's decisions: not yet)
+        self.suspending: Dict[str, str] = {}  # job id -> why it is being suspended
         self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
         self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
         self.policy_name = policy
@@ -152,10 +156,14 @@ class Scheduler:
         with self.lock:
             running = {j["id"]: j for j in self.table.list(("running",))}
             taken, cut = reserve.take(count, node, self._capacity(slot_nodes()),
-                                      {i: j["nodes"] for i, j in running.items()},
-                                      {i: j["min_procs"] for i, j in running.items()})
+                                      {i: j["nodes"] for i, j in running.items() if i not in self.suspending},
+                                      {i: j["min_procs"] for i, j in running.items()}, suspend=self.preempt)
             for job_id, nodes in cut.items():
-                self._place(job_id, nodes)
+                if nodes:
+                    self._place(job_id, nodes)
+                else:  # it leaves every slot at its next step boundary, saving a checkpoint, and waits in the queue
+                    self.suspending[job_id] = "its slots were reserved"
+                    self.supervisors[job_id].suspend.remote()
             for n in taken:
                 slot_id = self.table.reserve(n)
                 reserve.ReservedSlot.options(
@@ -328,14 +336,14 @@ class Scheduler:
         decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)
         for job in active:
             new = tuple(decided.get(job["id"], ()))
-            if new == allocations.get(job["id"], ()) or not new:
+            if new == allocations.get(job["id"], ()) or not new or job["id"] in self.suspending:
                 continue
             if job["id"] not in self.supervisors:
                 self.supervisors[job["id"]] = JobSupervisor.options(
                     name=f"job/{job['id']}", namespace=NAMESPACE, lifetime="detached",
                     scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False)).remote(
                     job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"])
-                self.table.update(job["id"], state="running", started=time.time())
+                self.table.update(job["id"], state="running", started=time.time(), note=None)
             self._place(job["id"], [node_ids[i] for i in new])
             log.info("%s: %d slots on %s", job["id"], len(new), ", ".join(sorted({node_ids[i] for i in new})))
 
@@ -352,10 +360,13 @@ class Scheduler:
                 state = {"done": -9, "done_at": None, "progress": None, "orphaned": False}
             if state["done"] is not None:
                 ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
-                if state["orphaned"]:  # every process went with its node: it starts again (from its checkpoint)
+                why = self.suspending.pop(job_id, "preempted")
+                if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
                     self._wait_until_gone(job_id)
-                    self.table.update(job_id, state="queued", nodes=[])
-                    log.warning("%s: its processes went with their nodes; queued to start again", job_id)
+                    note = f"suspended at step {state['suspended']}: {why}" if state.get("suspended") is not None \
+                        else "its processes went with their nodes"
+                    self.table.update(job_id, state="queued", nodes=[], note=note)
+                    log.warning("%s: %s; queued to start again", job_id, note)
                 else:
                     self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
                                       exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])

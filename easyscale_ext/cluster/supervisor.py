@@ -52,6 +52,8 @@ class JobSupervisor:
         self.gone_with_node: set = set()  # processes lost with their node
         self.retired: set = set()  # processes whose slot's actor has been ended
         self.orphaned = False  # the job ended because every process of it went with its node
+        self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
+        self.suspended: Optional[int] = None  # the step it ended at, suspended before its last one
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
         self.spawned = 0
         self.started = False
@@ -69,6 +71,8 @@ class JobSupervisor:
         if len(nodes) > self.virtual_workers:
             raise ValueError(f"{len(nodes)} slots for a job of {self.virtual_workers} virtual workers")
         with self.lock:
+            if self.suspending:  # leaving: nothing to place
+                return
             self.desired = list(nodes)
             self.type_of.update(zip(nodes, types or ()))
             if not self.started:
@@ -78,6 +82,13 @@ class JobSupervisor:
                 for name, node in zip(first, nodes):
                     self._start(name, node, joining=False)
                 self.started = True
+
+    def suspend(self) -> None:
+        """Every process leaves at its next step boundary, where the job saves a checkpoint (its script's
+        Checkpointer, as every process asked to leave does) and ends suspended, to resume from it elsewhere."""
+        with self.lock:
+            self.suspending = True
+            self.desired = []  # the next tick withdraws the joiners and releases every member
 
     def split(self, sizes: List[int]) -> None:
         members = self.client.current_members(self.store)
@@ -107,7 +118,7 @@ class JobSupervisor:
                 "nodes": [self.node_of[m] for m in members],
                 "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
                 "progress": progress, "exited": dict(self.exit_codes), "done": self.done, "done_at": self.done_at,
-                "orphaned": self.orphaned}
+                "orphaned": self.orphaned, "suspended": self.suspended}
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         if worker in self.retired:  # its actor is gone: the copy on the head
@@ -209,6 +220,10 @@ class JobSupervisor:
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
             self.orphaned = bool(members) and all(m in self.gone_with_node for m in members)
+            progress = json.loads(store.get("progress")) if store.check(["progress"]) else {}
+            if self.suspending and all(c == 0 for c in codes) and progress.get("step", 0) < (progress.get("total")
+                                                                                           or float("inf")):
+                self.suspended = progress.get("step", 0)  # not finished: it left at a boundary, saved
             self.done_at = time.time()
             self.done = next((c for c in codes if c != 0), 0)
             for w in alive:  # detached: they go with the job, and their processes with them

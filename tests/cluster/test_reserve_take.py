@@ -1,5 +1,5 @@
-"""Which slots `easyscale cluster reserve` takes: free ones first, then jobs' slots above their minimum, never a
-job's last; what it cannot take is one clear error."""
+"""Which slots `easyscale cluster reserve` takes: free ones first, then jobs' slots above their minimum, and only
+where the cluster may preempt, whole jobs, the latest first (suspended); what it cannot take is one clear error."""
 import pytest
 
 from easyscale_ext.cluster.reserve import take
@@ -29,3 +29,11 @@ def test_anywhere_takes_the_emptiest_nodes_first():
     taken, cut = take(3, None, CAPACITY, {"j": ["a", "b"]}, {"j": 1})
     assert sorted(taken) == ["a", "a", "b"] or sorted(taken) == ["a", "b", "b"]
     assert list(cut.values()) in ([["a"]], [["b"]])
+
+
+def test_where_the_cluster_may_preempt_the_latest_job_on_the_node_is_suspended():
+    holdings = {"old": ["a"], "new": ["a", "b"]}  # in submission order
+    assert take(1, "a", CAPACITY, holdings, {"old": 1, "new": 2}, suspend=True) == (["a"], {"new": []})
+    assert take(2, "a", CAPACITY, holdings, {"old": 1, "new": 2}, suspend=True) == (["a", "a"], {"new": [], "old": []})
+    with pytest.raises(ValueError, match="only 2 of 3 slots can be reserved on node a"):
+        take(3, "a", CAPACITY, holdings, {"old": 1, "new": 2}, suspend=True)

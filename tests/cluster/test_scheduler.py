@@ -203,3 +203,38 @@ def test_a_type_aware_policy_sees_the_nodes_types_and_a_process_its_own(cluster,
     finally:
         ray.kill(scheduler)
         cluster.remove_node(c)
+
+
+def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_smaller_bitwise(cluster, tmp_path):
+    """A reservation that needs a job's every slot suspends it: its processes leave at a step boundary, saving a
+    checkpoint; it waits in the queue (status says why) and resumes from that checkpoint on another node, on fewer
+    processes, with its fixed-size run's bits."""
+    a, b = cluster.node_ids()[:2]
+    scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)
+    try:
+        assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # the job starts on a
+        argv = job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
+                                                    str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1"]
+        job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "suspended", ENV, "cifar10"))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
+            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
+            time.sleep(0.2)
+        assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # every slot of the job: it is suspended
+        while status()["state"] != "queued":
+            assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
+            time.sleep(0.2)
+        assert re.fullmatch(r"suspended at step [1-9]\d*: its slots were reserved", status()["note"]), status()
+        assert ray.get(scheduler.unreserve.remote(1, b)) == 1  # one slot on the other node: it resumes there
+        resumed = set()
+        while (now := status())["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 240, f"did not end: {now}"
+            resumed.add(tuple(now["nodes"]))
+            time.sleep(0.5)
+        assert now["state"] == "finished" and resumed - {()} == {(b,)}, (now, resumed)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # from the suspension's checkpoint
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=12)
+    finally:
+        ray.kill(scheduler)
