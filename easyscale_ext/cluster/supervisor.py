@@ -36,6 +36,8 @@ class JobSupervisor:
 
         self.client = client
         self.job_id, self.argv, self.env, self.log_dir = job_id, list(argv), dict(env), log_dir
+        # member.run's checkpoints when the script has no Checkpointer: beside the logs, in the state folder
+        self.checkpoints = os.path.join(os.path.dirname(os.path.dirname(log_dir)), "checkpoints", job_id)
         self.virtual_workers = virtual_workers
         host = ray.util.get_node_ip_address()  # the cluster's private interface (loopback on one machine)
         self.store = client.serve(host)  # on that address only
@@ -167,6 +169,7 @@ class JobSupervisor:
         env = dict(self.env)
         env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
                     self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
+        env.setdefault(self.client.CHECKPOINT_ENV, self.checkpoints)
         if node in self.type_of:
             env[TYPE_ENV] = self.type_of[node]
         self.node_of[name] = node

@@ -18,6 +18,7 @@ STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
 JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
 BALANCE_ENV = "EASYSCALE_BALANCE"   # "1": rebalance virtual workers by measured speed
+CHECKPOINT_ENV = "EASYSCALE_CHECKPOINT_DIR"  # member.run's checkpoint folder when the script gives none (cluster)
 
 
 class StoreUnreachable(ConnectionError):

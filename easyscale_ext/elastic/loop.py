@@ -4,9 +4,11 @@ joining, resuming from a checkpoint and inside an epoch, the step count, which s
 gradient accumulation, the optimizer and LR scheduler steps, step boundaries (scale events, departures,
 rebalancing), periodic checkpoints, and recovery from a lost process, in place."""
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .client import CHECKPOINT_ENV
 from .state import Position
 
 
@@ -28,12 +30,17 @@ def run(member, train_step: Callable[[Step], None], ddp, optimizer, loader, epoc
 
     The job starts from `position`, else from `checkpointer`'s newest checkpoint (if given; a joiner takes
     the job's state instead), and saves one every `checkpoint_every` steps and when every process leaves.
+    Without a checkpointer, one in the folder `$EASYSCALE_CHECKPOINT_DIR` names, if set (cluster mode sets it for
+    every job, so a suspended job resumes where it stopped).
     Returns the final position, or None on a process that left the job (preempted, scaled in): it then
     holds no process group. An error of the training code ends the job on every process; a lost process
     does not.
     """
     if accumulate < 1 or checkpoint_every < 0:
         raise ValueError(f"need accumulate >= 1 and checkpoint_every >= 0, got {accumulate} and {checkpoint_every}")
+    if checkpointer is None and os.environ.get(CHECKPOINT_ENV):
+        from .checkpoint import Checkpointer
+        checkpointer = Checkpointer(os.environ[CHECKPOINT_ENV], ddp, optimizer, scheduler)
     if position is None and checkpointer is not None and not member.joining:
         position = checkpointer.resume()
     member.total_steps = epochs * len(loader)

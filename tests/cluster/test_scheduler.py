@@ -238,3 +238,68 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
         assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=12)
     finally:
         ray.kill(scheduler)
+
+
+SLOW_ELASTIC = """
+import time
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+import easyscale_ext as es
+
+member = es.ElasticMember()
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(320, 8), torch.randint(0, 2, (320,)))
+ddp = es.EasyScaleDDP(nn.Linear(8, 2), virtual_world_size=2)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+loader = ddp.data_loader(data, batch_size=8, shuffle=True, seed=0)
+first = []
+
+
+def train_step(step):
+    if not first:
+        first.append(step.number)
+        print("first step", step.number, flush=True)
+    time.sleep(0.3)
+    for x, y in ddp.workers(step.batches):
+        F.cross_entropy(ddp(x), y).backward()
+
+
+final = member.run(train_step, ddp, optimizer, loader, epochs=1)  # no checkpointer of its own
+if final is not None:
+    print("done at step", final.step, flush=True)
+member.close()
+"""
+
+
+def test_a_job_without_a_checkpoint_folder_resumes_from_the_clusters(cluster, tmp_path):
+    """`member.run` without a Checkpointer saves into the folder the cluster gives each job, so a suspended job
+    resumes where it stopped instead of from its first step."""
+    a, b = cluster.node_ids()[:2]
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_ELASTIC)
+    scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
+    try:
+        assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]
+        job = ray.get(scheduler.submit.remote([str(script)], 2, 1, 1, "slow", ENV))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
+            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
+            time.sleep(0.2)
+        assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # suspends the job
+        while status()["state"] != "queued":
+            assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
+            time.sleep(0.2)
+        assert ray.get(scheduler.unreserve.remote(1, b)) == 1
+        while status()["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 180, f"did not end: {status()}"
+            time.sleep(0.5)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        firsts = [int(n) for n in re.findall(r"^first step (\d+)$", log, re.M)]
+        assert status()["state"] == "finished" and "done at step 20" in log, log[-2000:]
+        assert firsts[0] == 1 and len(firsts) == 2 and firsts[1] > 3, log[-2000:]  # not from the start again
+        assert list((tmp_path / "state" / "checkpoints" / job).glob("*")), "no checkpoint in the cluster's folder"
+    finally:
+        ray.kill(scheduler)
