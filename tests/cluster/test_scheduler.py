@@ -17,6 +17,14 @@ pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
+def stop(scheduler):
+    """End a test's scheduler and the slots it reserved (detached actors: they would outlive it)."""
+    try:
+        ray.get(scheduler.unreserve.remote(), timeout=30)
+    finally:
+        ray.kill(scheduler)
+
+
 def job_argv(out, n):
     return [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--virtual-workers", str(n),
             "--steps", "4", "--step-sleep", "0.3"]
@@ -144,7 +152,7 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # not from the start
         assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
     finally:
-        ray.kill(scheduler)
+        stop(scheduler)
 
 
 def test_reserved_slots_are_taken_given_back_and_a_cancelled_job_frees_its_own(cluster, scheduler, tmp_path):
@@ -201,7 +209,7 @@ def test_a_type_aware_policy_sees_the_nodes_types_and_a_process_its_own(cluster,
         assert ray.get(scheduler.report.remote()).cluster == "1 slots (a100), 4 slots (t4)"
         assert ray.get(scheduler.unreserve.remote()) == 4
     finally:
-        ray.kill(scheduler)
+        stop(scheduler)
         cluster.remove_node(c)
 
 
@@ -237,7 +245,7 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # from the suspension's checkpoint
         assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=12)
     finally:
-        ray.kill(scheduler)
+        stop(scheduler)
 
 
 SLOW_ELASTIC = """
@@ -302,4 +310,4 @@ def test_a_job_without_a_checkpoint_folder_resumes_from_the_clusters(cluster, tm
         assert firsts[0] == 1 and len(firsts) == 2 and firsts[1] > 3, log[-2000:]  # not from the start again
         assert list((tmp_path / "state" / "checkpoints" / job).glob("*")), "no checkpoint in the cluster's folder"
     finally:
-        ray.kill(scheduler)
+        stop(scheduler)
