@@ -113,7 +113,7 @@ def _connect(saved: dict):
     import ray
 
     address = saved["address"]
-    if saved["local"] and "ray_sessions" in saved and not _ray_pids(saved):
+    if _ended(saved):
         raise UsageError(f"the cluster at {address} is not running (its Ray processes are gone): start it again "
                          "with `easyscale cluster start`")
     _init_ray(address, "is its Ray running? Start it with `easyscale cluster start`")
@@ -148,6 +148,11 @@ def _init_ray(address: str, advice: str, timeout_s: float = 20.0) -> None:
         raise UsageError(f"the cluster at {address} does not answer ({str(failure[0]).splitlines()[0]}): {advice}")
     if failure:
         raise failure[0]
+
+
+def _ended(saved: dict) -> bool:
+    """Whether the Ray that `cluster start` started here has ended (every process of its sessions is gone)."""
+    return saved["local"] and "ray_sessions" in saved and not _ray_pids(saved)
 
 
 def _ray_pids(saved: dict) -> list:
@@ -219,8 +224,9 @@ def start(args) -> int:
     from ..cluster.scheduler import launch
 
     _init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
+    # max_restarts: if its actor dies, Ray starts it again and it takes its jobs back from the job table
     scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, args.preempt, name="scheduler",
-                       lifetime="detached", get_if_exists=True, max_restarts=-1)  # a crash: Ray starts it again, it takes its jobs back
+                       lifetime="detached", get_if_exists=True, max_restarts=-1)
     try:
         ray.get(scheduler.status.remote())
     except ray.exceptions.RayActorError as e:
@@ -236,7 +242,7 @@ def _running():
         saved = _saved()
     except UsageError:
         return None
-    if saved["local"] and "ray_sessions" in saved and not _ray_pids(saved):  # ended without `cluster stop`
+    if _ended(saved):  # without `cluster stop`
         os.unlink(os.path.join(home(), "cluster.json"))
         return None
     return saved

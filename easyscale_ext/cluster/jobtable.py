@@ -71,7 +71,8 @@ class JobTable:
         """The `limit` jobs that ended last (finished, failed or cancelled), in submission order."""
         with self.lock:
             rows = self.db.execute("SELECT * FROM (SELECT * FROM jobs WHERE state IN ('finished', 'failed', "
-                                   "'cancelled') ORDER BY finished DESC LIMIT ?) ORDER BY submitted", (limit,)).fetchall()
+                                   "'cancelled') ORDER BY finished DESC LIMIT ?) ORDER BY submitted",
+                                   (limit,)).fetchall()
         return [_decode(r) for r in rows]
 
     def allocations(self) -> List[tuple]:

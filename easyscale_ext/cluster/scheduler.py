@@ -260,15 +260,18 @@ class Scheduler:
         """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
         starts (it imports torch for the job's store) while the scheduler goes on."""
         first = not self.table.get(job_id)["nodes"]
-        types = [self.types.get(n, self.slot_type) for n in nodes]
+        types = [self._type(n) for n in nodes]
         self.placing[self.supervisors[job_id].place.remote(nodes, types)] = (job_id, first)  # not awaited
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
             self.models[job_id].allocate(self._groups(nodes), 0.0)
 
+    def _type(self, node: str) -> str:
+        return self.types.get(node, self.slot_type)
+
     def _groups(self, nodes: List[str]) -> Dict[str, tuple]:
         """A job's slots as its model takes them: {type: slots per node}."""
-        types = [self.types.get(n, self.slot_type) for n in nodes]
+        types = [self._type(n) for n in nodes]
         return {t: placement_of([n for n, nt in zip(nodes, types) if nt == t]) for t in dict.fromkeys(types)}
 
     def _loop(self) -> None:
@@ -319,7 +322,7 @@ class Scheduler:
         self._fit(active, capacity)
         active = self.table.list(("queued", "running"))
         node_ids = sorted(n for n in capacity if capacity[n] > 0)
-        types = tuple(self.types.get(n, self.slot_type) for n in node_ids)
+        types = tuple(self._type(n) for n in node_ids)
         cluster = Cluster(",".join(f"1x{capacity[n]}:{t}" for n, t in zip(node_ids, types)),
                           tuple(capacity[n] for n in node_ids), types)
         index = {n: i for i, n in enumerate(node_ids)}

@@ -23,7 +23,8 @@ def test_live_jobs_and_the_last_ended_are_read_through_an_index(tmp_path):
     table = JobTable(str(tmp_path / "jobs.sqlite"))
     with table.db:  # 10,000 ended jobs in one transaction
         table.db.executemany("INSERT INTO jobs (id, state, submitted, finished, argv, env, nodes) "
-                             "VALUES (?, 'finished', ?, ?, '[]', '{}', '[]')", [(f"old{i}", i, i) for i in range(10000)])
+                             "VALUES (?, 'finished', ?, ?, '[]', '{}', '[]')",
+                             [(f"old{i}", i, i) for i in range(10000)])
     live = [table.add(f"live{i}", ["train.py"], {}, 4, 1, 4) for i in range(2)]
     assert [j["id"] for j in table.list(("queued", "running"))] == live
     assert [j["id"] for j in table.ended(10)] == [f"old{i}" for i in range(9990, 10000)]
