@@ -83,7 +83,7 @@ def simulate_run(policy, result, steps, round_s, start_s, pause_s, exit_s, join_
     from easyscale_ext.sched.models.traces import data_dir
     from easyscale_ext.sched import live
     from easyscale_ext.sched.policies import POLICIES
-    from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
+    from easyscale_ext.sched.policies.limits import Limits
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
     apps = Applications(data_dir())
@@ -91,7 +91,7 @@ def simulate_run(policy, result, steps, round_s, start_s, pause_s, exit_s, join_
     specs = [replace(live.job_model(j["name"], j["arrival"], VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]]).spec,
                      epochs=1) for j in result.jobs]
     cluster = Cluster.parse(f"{NODES}x{SLOTS}:t4")
-    wrapped = NonPreemptive(POLICIES[policy](0))
+    wrapped = Limits(POLICIES[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=start_s, restart_s=start_s, in_place_s=pause_s, exit_s=exit_s,
                        join_s=join_s, rounds_at_arrivals=True,

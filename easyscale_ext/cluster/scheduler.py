@@ -2,11 +2,12 @@
 live jobs and carries each decision out in place through the jobs' supervisors.
 
 A round: the supervisors say which jobs ended and how far the others are; each job's model (the one a
-simulation would use, sched.live) follows its real job; the policy (the object `easyscale simulate` runs,
-made non-preemptive: a running job keeps at least one slot, as in-place changes need) gets the queued and
-running jobs with their allocations, as indices of the nodes' available slots, and returns new ones; a job
-that gets slots for the first time starts on them, a running job whose slots change moves there in place
-(supervisor.place). Slots are Ray resources, so a slot is never held by two processes, whatever the timing
+simulation would use, sched.live) follows its real job; the policy (the object `easyscale simulate` runs, held to
+each job's limits: policies.limits) gets the queued and running jobs with their allocations, as indices of the
+nodes' available slots, and returns new ones; a job that gets slots for the first time starts on them, a running
+job whose slots change moves there in place (supervisor.place), and a running job the policy stops is suspended:
+it saves a checkpoint at its next step boundary, leaves its slots and waits in the queue to resume wherever it
+gets slots (with `preempt=False`, `cluster start --no-preempt`, a running job keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes, whatever the timing
 of decisions, releases, reservations and failures. The node list is read every round: a node lost takes its
 slots out of the next decision, and its jobs, recovered in place on their other slots, keep those.
 """
@@ -15,7 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -25,7 +26,8 @@ from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
 from ..sched.models.cluster import Cluster, placement_of
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
-from ..sched.policies.nonpreemptive import NonPreemptive
+from ..sched.policies.base import Policy
+from ..sched.policies.limits import Limits
 from . import NAMESPACE, SLOT, TYPED, reserve
 from .jobtable import JobTable
 from .supervisor import JobSupervisor
@@ -36,11 +38,12 @@ log = logging.getLogger(__name__)
 HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
 
 
-def launch(state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4", preempt: bool = True,
+def launch(state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0, slot_type: str = "t4", preempt: bool = True,
            **options):
     """Start the scheduler on the head node, where nodes that come and go cannot take it (or the supervisors
     beside it) down; `options` are Ray's actor options (a name, a lifetime, `max_restarts=-1` to have Ray start it
-    again if it dies: it takes its jobs back from the job table)."""
+    again if it dies: it takes its jobs back from the job table). `policy`: a name of sched.policies.POLICIES, or
+    a policy object of one's own (a sched.policies.base.Policy)."""
     return Scheduler.options(resources={HEAD: 0.001}, **options).remote(state_dir, policy, round_s, slot_type,
                                                                         preempt=preempt)
 
@@ -59,9 +62,9 @@ def slot_types(default: str) -> Dict[str, str]:
 
 @ray.remote(num_cpus=0)
 class Scheduler:
-    def __init__(self, state_dir: str, policy: str = "fifo", round_s: float = 60.0, slot_type: str = "t4",
-                 data: Optional[str] = None, preempt: bool = True):
-        if policy not in POLICIES:
+    def __init__(self, state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0,
+                 slot_type: str = "t4", data: Optional[str] = None, preempt: bool = True):
+        if isinstance(policy, str) and policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
         if slot_type not in GPU_TYPES:
             raise ValueError(f"unknown slot type {slot_type!r}: the profiles know {', '.join(GPU_TYPES)}")
@@ -74,12 +77,12 @@ class Scheduler:
                              f"know {', '.join(GPU_TYPES)}")
         os.makedirs(state_dir, exist_ok=True)
         self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
-        self.preempt = preempt  # a reservation may suspend a job (its policy's decisions: not yet)
+        self.preempt = preempt  # the policy and reservations may suspend a job
         self.suspending: Dict[str, str] = {}  # job id -> why it is being suspended
         self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
         self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
-        self.policy_name = policy
-        self.policy = NonPreemptive(POLICIES[policy](0))
+        self.policy = Limits(POLICIES[policy](0) if isinstance(policy, str) else policy, preempt)
+        self.policy_name = self.policy.name
         self.apps = Applications(data_dir(data))
         self.models: Dict[str, object] = {}  # job id -> the policy's model of it (sched.live)
         self.followed: Dict[str, float] = {}  # job id -> when its model last followed it
@@ -161,9 +164,8 @@ class Scheduler:
             for job_id, nodes in cut.items():
                 if nodes:
                     self._place(job_id, nodes)
-                else:  # it leaves every slot at its next step boundary, saving a checkpoint, and waits in the queue
-                    self.suspending[job_id] = "its slots were reserved"
-                    self.supervisors[job_id].suspend.remote()
+                else:
+                    self._suspend(job_id, "its slots were reserved")
             for n in taken:
                 slot_id = self.table.reserve(n)
                 reserve.ReservedSlot.options(
@@ -266,6 +268,15 @@ class Scheduler:
         if job_id in self.models:
             self.models[job_id].allocate(self._groups(nodes), 0.0)
 
+    def _suspend(self, job_id: str, why: str) -> None:
+        """The job leaves every slot at its next step boundary, saving a checkpoint, and waits in the queue. Until
+        it has left, the policy does not see it: its slots are the policy's to give (a job placed on them starts
+        as they come free: they are Ray resources)."""
+        self.suspending[job_id] = why
+        self.supervisors[job_id].suspend.remote()
+        self.models[job_id].allocate({}, 0.0)
+        log.info("%s: suspending (%s)", job_id, why)
+
     def _type(self, node: str) -> str:
         return self.types.get(node, self.slot_type)
 
@@ -320,7 +331,7 @@ class Scheduler:
         self._follow(now)
         active = self.table.list(("queued", "running"))
         self._fit(active, capacity)
-        active = self.table.list(("queued", "running"))
+        active = [j for j in self.table.list(("queued", "running")) if j["id"] not in self.suspending]
         node_ids = sorted(n for n in capacity if capacity[n] > 0)
         types = tuple(self._type(n) for n in node_ids)
         cluster = Cluster(",".join(f"1x{capacity[n]}:{t}" for n, t in zip(node_ids, types)),
@@ -339,7 +350,10 @@ class Scheduler:
         decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)
         for job in active:
             new = tuple(decided.get(job["id"], ()))
-            if new == allocations.get(job["id"], ()) or not new or job["id"] in self.suspending:
+            if new == allocations.get(job["id"], ()):
+                continue
+            if not new:  # a running job the policy stops (below its minimum, too)
+                self._suspend(job["id"], f"preempted by {self.policy_name}")
                 continue
             if job["id"] not in self.supervisors:
                 self.supervisors[job["id"]] = JobSupervisor.options(
@@ -366,6 +380,8 @@ class Scheduler:
                 why = self.suspending.pop(job_id, "preempted")
                 if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
                     self._wait_until_gone(job_id)
+                    if job_id in self.models:  # its model keeps its history (attained service, progress)
+                        self.models[job_id].allocate({}, 0.0)
                     note = f"suspended at step {state['suspended']}: {why}" if state.get("suspended") is not None \
                         else "its processes went with their nodes"
                     self.table.update(job_id, state="queued", nodes=[], note=note)
@@ -373,7 +389,8 @@ class Scheduler:
                 else:
                     self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
                                       exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])
-                for table in (self.supervisors, self.models, self.followed, self.last_step):
+                    self.models.pop(job_id, None)
+                for table in (self.supervisors, self.followed, self.last_step):
                     table.pop(job_id, None)
                 continue
             progress, model = state["progress"], self.models.get(job_id)

@@ -40,6 +40,8 @@ class SimConfig:
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
+    suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
+    # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
     per_type_batch: bool = False  # per-GPU batches bounded by each GPU type's own profile, not by the T4's
@@ -124,6 +126,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                if alloc}
         if config.check:
             _check(now, new, active, cluster)
+        suspended = Counter(n for name, alloc in allocations.items() if name not in new for n in alloc)
         for name in [*new, *(n for n in allocations if n not in new)]:  # a fixed order: reproducible output
             alloc, job = new.get(name, ()), active[name]
             if alloc == allocations.get(name, ()):
@@ -133,10 +136,12 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
             old = allocations.get(name, ())
             delay = reallocation_cost(job, old, alloc, cluster, config, in_place) if alloc else 0.0
-            if in_place and old and alloc and config.join_s and Counter(alloc) - Counter(old):
-                job.allocate_after(cluster.groups(alloc), delay, config.join_s)  # joiners start first
+            gained = Counter(alloc) - Counter(old)
+            wait = config.suspend_s if suspended.keys() & gained.keys() else 0.0  # until the preempted job left
+            if in_place and old and alloc and (config.join_s or wait) and gained:
+                job.allocate_after(cluster.groups(alloc), delay, config.join_s + wait)  # joiners start first
             else:
-                job.allocate(cluster.groups(alloc), delay)
+                job.allocate(cluster.groups(alloc), delay + wait)
             _close(segments, opened, name, now)
             if alloc:
                 running[name] = job

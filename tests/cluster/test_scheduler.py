@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from easyscale_ext.cluster.scheduler import launch
+from easyscale_ext.sched.policies.base import Policy
 from support.jobs import JOB, run_job
 from test_supervisor import slot_on
 
@@ -244,6 +245,50 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # from the suspension's checkpoint
         assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=12)
+    finally:
+        stop(scheduler)
+
+
+class Newest(Policy):
+    """The newest job takes every slot of the first node; the others wait (a running one is preempted)."""
+    name = "newest"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {list(jobs)[-1].name: (0,) * cluster.gpus[0]}
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the scheduler's process cannot import tests
+
+
+def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says_bitwise(cluster, tmp_path):
+    """Policies run as they are: a running job the policy gives no slot leaves at a step boundary, saving a
+    checkpoint, and resumes from it when the policy gives it slots again; both jobs end with their fixed-size
+    bits."""
+    b = cluster.node_ids()[1]
+    scheduler = launch(str(tmp_path / "state"), Newest(), 0.5)
+    try:
+        assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # one node of 2 slots left
+        argv = job_argv(tmp_path / "old", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
+                                                   str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1"]
+        old = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "old", ENV))
+        status = lambda job: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status(old)["live"] or {}).get("progress") or {}).get("step", 0) < 3:
+            assert time.monotonic() < deadline, f"no 3 steps: {status(old)}"
+            time.sleep(0.2)
+        new = ray.get(scheduler.submit.remote(job_argv(tmp_path / "new", 2), 2, 1, 2, "new", ENV))
+        while status(old)["state"] != "queued":
+            assert time.monotonic() < deadline + 60, f"not suspended: {status(old)}"
+            time.sleep(0.2)
+        assert re.fullmatch(r"suspended at step [1-9]\d*: preempted by newest", status(old)["note"]), status(old)
+        while status(old)["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 240, f"did not end: {status(old)}"
+            time.sleep(0.5)
+        assert status(new)["state"] == status(old)["state"] == "finished", (status(new), status(old))
+        log = (tmp_path / "state" / "logs" / old / "w0.log").read_text()
+        assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]
+        assert (tmp_path / "old").read_text() == run_job("reference", n=4, steps=12)
+        assert (tmp_path / "new").read_text() == run_job("reference", n=2, steps=4)
     finally:
         stop(scheduler)
 

@@ -184,3 +184,26 @@ def test_processes_that_join_in_place_prepare_while_the_job_trains_as_before(app
     assert grown < end(GrowAt(at=60), join_s=30) < alone
     assert end(GrowAt(at=60), join_s=1e6) == alone  # its joiners never get ready: one GPU to the end
     assert end(GrowAt(at=60, gpus=(2, 1)), join_s=30) == end(GrowAt(at=60, gpus=(2, 1)))
+
+
+class Newest(Policy):
+    """The newest job takes the one GPU (a preemption of the one before)."""
+    name = "newest"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {list(jobs)[-1].name: (0,)}
+
+
+def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left():
+    """`suspend_s`: a preempted job leaves its GPUs at its next step boundary, after saving a checkpoint; the job
+    given them starts that much later. The preempted job resumes (a restart) once the newer one is done."""
+    jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 30, 1, duration=100)]
+
+    def run(**timing):
+        config = SimConfig(start_s=0, restart_s=10, rounds_at_arrivals=True, **timing)
+        return {j["name"]: (j["start"], j["completion"]) for j in simulate(jobs, Newest(), Cluster.parse("1x1"),
+                                                                            None, config).jobs}
+
+    # rounds at 0, 30 (b's arrival), 90, 150: a runs 30 s, then from 150 (+10 s restart) its other 70 s
+    assert run() == {"a": (0, 230), "b": (30, 130)}
+    assert run(suspend_s=5) == {"a": (0, 230), "b": (30, 135)}  # b waits for a to leave

@@ -1,13 +1,13 @@
-"""Any policy, made to keep running jobs running: what a cluster that moves jobs only in place can carry out.
+"""Any policy, held to what a real cluster carries out: each job's limits, and, where the cluster may not preempt,
+running jobs kept running.
 
-A real job here changes its slots in place (joiners, releases), which needs at least one of its processes
-to stay: taking all of a running job's slots would be a checkpoint-restart. So `NonPreemptive(policy)`
-repairs the wrapped policy's decision, and the cluster scheduler and the simulator (to compare a real run
-with its simulation) run the same repaired decisions:
+`Limits(policy)` repairs the wrapped policy's decision; the cluster scheduler and the simulator (to compare a real
+run with its simulation) run the same repaired decisions:
 - each job holds between its minimum and maximum slots (`limits`, per job; default 1 and unbounded); an
-  allocation above the maximum keeps its first slots, one below the minimum is no allocation;
-- a running job the policy would stop keeps its current slots;
-- where that over-fills a node, the decisions on it are undone, one at a time until every node fits: new
+  allocation above the maximum keeps its first slots, one below the minimum is no allocation (for a running job,
+  a preemption: the cluster suspends it to a checkpoint, and it resumes wherever it gets slots later);
+- with `preempt=False` (`cluster start --no-preempt`), a running job the policy would stop keeps its current slots
+  instead; where that over-fills a node, the decisions on it are undone, one at a time until every node fits: new
   starts first (the latest arrival first), then changed allocations of running jobs (back to what they hold).
 What is never undone is the round before's allocations, which fitted (the caller keeps them within the
 cluster's slots): the repair always ends with every node within its capacity.
@@ -15,9 +15,9 @@ cluster's slots): the repair always ends with every node within its capacity.
 from .base import Policy
 
 
-class NonPreemptive:
-    def __init__(self, policy: Policy):
-        self.policy = policy
+class Limits:
+    def __init__(self, policy: Policy, preempt: bool = True):
+        self.policy, self.preempt = policy, preempt
         self.limits = {}  # job name -> (min GPUs, max GPUs)
 
     def __getattr__(self, name):  # the wrapped policy's flags and batch sizes, whatever they are
@@ -32,8 +32,10 @@ class NonPreemptive:
             alloc = tuple(decided.get(job.name, ()))[:high]
             if len(alloc) >= low:
                 result[job.name] = alloc
-            if job.name in allocations and not result.get(job.name):
+            if not self.preempt and job.name in allocations and not result.get(job.name):
                 result[job.name] = allocations[job.name]
+        if self.preempt:  # every allocation is within the policy's, which fits
+            return result
         undo = [j.name for j in reversed(jobs) if j.name in result and j.name not in allocations]
         undo += [j.name for j in reversed(jobs) if j.name in allocations and result[j.name] != allocations[j.name]]
         while True:  # a job put back may over-fill another node: look again after each undo

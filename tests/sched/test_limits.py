@@ -1,5 +1,5 @@
-"""What a cluster that moves jobs only in place can carry out: NonPreemptive repairs any policy's decision so that
-running jobs keep slots, limits hold and no node is over-filled; job models follow what real jobs measured."""
+"""What a real cluster carries out: Limits repairs any policy's decision so that limits hold, and (without preemption)
+running jobs keep slots and no node is over-filled; job models follow what real jobs measured."""
 import pytest
 
 from easyscale_ext.sched import live
@@ -8,7 +8,7 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.policies.base import Policy
-from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
+from easyscale_ext.sched.policies.limits import Limits
 
 CLUSTER = Cluster("2x2:t4", (2, 2), ("t4", "t4"))
 
@@ -29,24 +29,24 @@ def jobs(*names):
 
 
 def test_a_running_job_the_policy_would_stop_keeps_its_slots_and_displaces_a_new_start():
-    policy = NonPreemptive(Fixed({"new": (0, 0, 1)}))  # stops "old" to start "new" where "old" runs
+    policy = Limits(Fixed({"new": (0, 0, 1)}), preempt=False)  # stops "old" to start "new" where "old" runs
     assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,)}
 
 
 def test_a_start_that_fits_beside_a_kept_job_stays():
-    policy = NonPreemptive(Fixed({"new": (1, 1)}))
+    policy = Limits(Fixed({"new": (1, 1)}), preempt=False)
     assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,), "new": (1, 1)}
 
 
 def test_a_changed_running_job_goes_back_only_where_it_over_fills_a_node():
     # "a" grows onto node 1, which "b" keeps (the policy stopped it): a's change is undone; c's start fits
-    policy = NonPreemptive(Fixed({"a": (0, 1, 1), "c": (0,)}))
+    policy = Limits(Fixed({"a": (0, 1, 1), "c": (0,)}), preempt=False)
     result = policy.optimize(0, jobs("a", "b", "c"), CLUSTER, {"a": (0,), "b": (1, 1)})
     assert result == {"a": (0,), "b": (1, 1), "c": (0,)}
 
 
 def test_limits_cap_an_allocation_and_drop_a_start_below_the_minimum():
-    policy = NonPreemptive(Fixed({"a": (0, 0, 1), "b": (1,)}))
+    policy = Limits(Fixed({"a": (0, 0, 1), "b": (1,)}))
     policy.limits = {"a": (1, 2), "b": (2, 4)}
     assert policy.optimize(0, jobs("a", "b"), CLUSTER, {}) == {"a": (0, 0)}
 
@@ -54,7 +54,7 @@ def test_limits_cap_an_allocation_and_drop_a_start_below_the_minimum():
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_runs_on_live_job_models_without_stopping_a_running_job(name):
     apps = Applications(data_dir())
-    policy = NonPreemptive(POLICIES[name](0))
+    policy = Limits(POLICIES[name](0), preempt=False)
     models = [live.job_model(f"j{i}", i * 10.0, 4, 4, apps["cifar10"], None, policy) for i in range(5)]
     allocations = {}
     for round_ in range(4):
@@ -85,6 +85,14 @@ def test_a_model_follows_the_real_jobs_progress_and_step_time():
 
 def test_a_job_put_back_that_over_fills_another_node_displaces_the_start_there():
     # b grows onto node 0 where a and c are kept: b goes back to node 1, where the new start d must then yield
-    policy = NonPreemptive(Fixed({"b": (0, 0), "d": (1,), "e": (1,)}))
+    policy = Limits(Fixed({"b": (0, 0), "d": (1,), "e": (1,)}), preempt=False)
     before = {"a": (0,), "c": (0,), "b": (1,), "e": (1,)}
     assert policy.optimize(0, jobs("a", "b", "c", "d", "e"), CLUSTER, before) == before
+
+
+def test_a_running_job_the_policy_stops_is_preempted_and_its_slots_go_to_the_policys_choice():
+    policy = Limits(Fixed({"new": (0, 0, 1)}))  # the default: policies run as they are, preemptions included
+    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"new": (0, 0, 1)}
+    policy = Limits(Fixed({"old": (0,)}))
+    policy.limits = {"old": (2, 4)}  # below its minimum: preempted too
+    assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {}
