@@ -202,7 +202,7 @@ def main():
         return
     if args.overlap:
         return overlap(args.repeats, args.procs)
-    from easyscale_ext.runtime import determinism
+    from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
     ks = (2, 4) if args.quick else (2, 4, 8)

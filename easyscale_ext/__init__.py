@@ -5,10 +5,11 @@ Layers, each importing only those below it (docs/ARCHITECTURE.md):
     cli       the `easyscale` command
     cluster   jobs on a Ray cluster, driven by the scheduler's policies
     elastic   job state, checkpoints, membership, scaling, recovery, launcher, balancing
-    runtime   EasyScaleDDP, the reducer, data loading, RNG contexts, determinism, freezing
+    runtime   EasyScaleDDP, the reducer, data loading, RNG contexts, freezing
     ops, _C   the C++/CUDA kernels and the context store
     sched     the cluster-scheduling models, policies and simulator: no torch, no runtime
     placement which virtual ranks each process owns: no torch
+    determinism  D0/D1/D2 and the environment each needs: torch only where a process applies one
 
 The public names below load on first use, so that `import easyscale_ext.sched` (the simulator, the CLI's
 help) never pays for torch. A training script has imported torch already: then the runtime loads with the

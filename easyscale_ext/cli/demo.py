@@ -183,7 +183,7 @@ def run_phase(args, run: str, procs: int, requests: str, stop_after: int, total:
             "--requests", requests, "--stop-after", str(stop_after), "--n", str(args.n), "--epochs",
             str(args.epochs), "--seed", str(args.seed), "--level", args.level, "--out", args.out,
             "--freeze", str(0.0 if run == "unfrozen" else args.freeze)]
-    from ..runtime import determinism
+    from .. import determinism
 
     env = dict(os.environ, OMP_NUM_THREADS="1", **determinism.environment(args.level, args.isa))
     cpus = None

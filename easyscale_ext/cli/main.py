@@ -34,7 +34,7 @@ def run(args) -> int:
     import os
 
     from ..elastic.launcher import ElasticLauncher
-    from ..runtime import determinism
+    from .. import determinism
 
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not script:
@@ -78,7 +78,7 @@ def scale(args) -> int:
 def demo(args) -> int:
     import os
 
-    from ..runtime import determinism
+    from .. import determinism
     from . import demo as demo_module
 
     if args.balance and (args.n < 3 or len(os.sched_getaffinity(0)) < 2):
@@ -133,7 +133,7 @@ QUICK_BENCH = {
 
 
 def level(text: str) -> str:
-    from ..runtime.determinism import parse
+    from ..determinism import parse
 
     try:
         return parse(text)
@@ -142,7 +142,7 @@ def level(text: str) -> str:
 
 
 def isa(text: str) -> str:
-    from ..runtime.determinism import parse_isa
+    from ..determinism import parse_isa
 
     try:
         return parse_isa(text)

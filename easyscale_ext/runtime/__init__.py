@@ -1,9 +1,9 @@
 """The training runtime: EasyScaleDDP runs N virtual workers on this process's share of them.
 
 Owns the virtual-worker step (ddp), the canonical gradient reduction plan (reducer), data loading with
-DistributedSampler semantics over virtual ranks (loader), a worker's RNG streams (rng), the determinism
-levels D0/D1/D2 (determinism) and layer freezing (freeze). Imports torch, the kernels (`easyscale_ext.ops`,
-`easyscale_ext._C`) and `easyscale_ext.placement`; never elastic, cluster, sched or cli.
+DistributedSampler semantics over virtual ranks (loader), a worker's RNG streams (rng) and layer freezing
+(freeze). Imports torch, the kernels (`easyscale_ext.ops`, `easyscale_ext._C`), `easyscale_ext.placement` and
+`easyscale_ext.determinism`; never elastic, cluster, sched or cli.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 

@@ -36,7 +36,8 @@ if dist.is_available() and not dist.is_initialized():
     # that group alive into interpreter shutdown, which destroy_process_group() must prevent.
     import torch.distributed.nn  # noqa: F401
 
-from . import determinism, rng
+from .. import determinism
+from . import rng
 from .._C import ContextStore
 from ..placement import even_ranges
 from .loader import VirtualDataLoader

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import determinism
+from .. import determinism
 
 # c10d's Reducer: kDDPRuntimeLoggingSampleRate, and the number of first iterations always sampled.
 DEFAULT_SAMPLE_RATE = 100

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from easyscale_ext.runtime import determinism
+from easyscale_ext import determinism
 from easyscale_ext.elastic import Balancer
 from easyscale_ext.placement import optimal_split, step_time, waste
 from support.jobs import OLDER, needs_older, run_elastic, run_job

@@ -5,7 +5,7 @@ very cap D2 applies."""
 import pytest
 import torch
 
-from easyscale_ext.runtime import determinism
+from easyscale_ext import determinism
 from support.jobs import reference, run_job
 
 pytestmark = [pytest.mark.multiprocess,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import easyscale_ext as es
-from easyscale_ext.runtime import determinism
+from easyscale_ext import determinism
 from support.jobs import D1, OLDER, needs_older, reference, run_job
 
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from easyscale_ext.runtime import determinism
+from easyscale_ext import determinism
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
 

@@ -19,8 +19,6 @@ D2  D1 + one instruction set on every process: oneDNN, MKL and ATen's vector
 import os
 from typing import Dict, Optional, Set
 
-import torch
-
 LEVELS = ("D0", "D1", "D2")
 ISAS = ("SSE4.1", "AVX", "AVX2", "AVX512")  # lowest first
 DEFAULT_ISA = "AVX2"
@@ -160,6 +158,8 @@ def apply(level, num_threads: int, cuda: bool, isa: Optional[str] = None) -> Non
         raise RuntimeError(f"determinism {level} needs {settings} in the environment before Python starts "
                            f"(oneDNN, MKL, ATen and cuBLAS read them once); launch with `easyscale run` or "
                            f"export determinism.environment({level!r}{', isa=' + repr(isa) if isa else ''})")
+    import torch  # here: launchers and the cluster's scheduler read this module without torch
+
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
