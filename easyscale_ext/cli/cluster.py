@@ -1,8 +1,8 @@
 """Cluster mode's commands: `easyscale cluster start|stop|reserve|unreserve|report`, `submit`, `status`, `logs`,
 `cancel`.
 
-`cluster start` without --address starts Ray on this machine (one node on loopback, its slots given by
---slots) and the scheduler; with --address it joins an existing Ray cluster (`ray start --head` and
+`cluster start` without --address starts Ray on this machine (on loopback: a head, and a node per entry of
+--slots, each of its type) and the scheduler; with --address it joins an existing Ray cluster (`ray start --head` and
 `ray start --address` on the machines, or KubeRay) and starts the scheduler there. The other commands
 reach the scheduler through Ray; the cluster's address and state folder are kept in $EASYSCALE_HOME
 (default ~/.easyscale).
@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,9 +35,9 @@ def add_parsers(sub) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     q = verbs.add_parser("start", help="start the scheduler (and, without --address, Ray on this machine)")
     q.add_argument("--address", help="join this Ray cluster (HOST:PORT of its head) instead of starting one")
-    q.add_argument("--slots-per-node", "--slots", dest="slots", default=None, metavar="K[:TYPE]",
-                   help="slots of this machine's node when Ray is started here (default: its CPU count), and the "
-                        "device type they stand for (default --slot-type)")
+    q.add_argument("--slots-per-node", "--slots", dest="slots", default=None, metavar="K[:TYPE][,K:TYPE...]",
+                   help="when Ray is started here: a node per entry, with K slots standing for the device TYPE "
+                        "(default: one node, this machine's CPU count, of --slot-type); e.g. 4:t4,4:a100")
     q.add_argument("--policy", default="fifo", help=f"the scheduling policy (default fifo): {', '.join(POLICIES)}")
     q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
     q.add_argument("--no-preempt", dest="preempt", action="store_false",
@@ -72,6 +71,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--application", default=None,
                    help="the profiled application that models the job for the policy (e.g. cifar10)")
     p.add_argument("--batch-size", type=int, default=None, help="the job's global batch, for its model")
+    p.add_argument("--level", default="D0", help="determinism level D0, D1 or D2 whose environment the job's "
+                   "processes get (default D0); a D2 job may span device types, balanced by measured speed")
+    p.add_argument("--isa", default=None, help="D2's instruction-set floor (default AVX2)")
     p.add_argument("script", help="the training script (a path every node reads)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     p.set_defaults(run=submit)
@@ -248,17 +250,20 @@ def _running():
     return saved
 
 
-def _slots(spec, default_type: str):
-    """(slots, type) of `--slots K[:TYPE]` (K: this machine's CPU count if not given), or a UsageError."""
+def _slots(spec, default_type: str) -> str:
+    """`--slots` checked, as `python -m easyscale_ext.cluster.local` takes it (K: this machine's CPU count if not
+    given), or a UsageError."""
     from ..sched.models.application import GPU_TYPES
 
-    count, _, gpu_type = (spec or str(os.cpu_count())).partition(":")
-    if not count.isdigit() or int(count) < 1:
-        raise UsageError(f"--slots {spec}: expected K or K:TYPE with K >= 1 slots, e.g. 4 or 4:a100")
-    for t in (gpu_type or None, default_type):
-        if t is not None and t not in GPU_TYPES:
+    entries = [entry.partition(":") for entry in (spec or str(os.cpu_count())).split(",")]
+    for count, colon, gpu_type in entries:
+        if not count.isdigit() or int(count) < 1 or colon and not gpu_type:
+            raise UsageError(f"--slots {spec}: expected K or K:TYPE entries with K >= 1 slots, separated by commas, "
+                             "e.g. 4 or 4:t4,4:a100")
+    for t in {t for _, _, t in entries if t} | {default_type}:
+        if t not in GPU_TYPES:
             raise UsageError(f"unknown slot type {t!r}: the profiles know {', '.join(GPU_TYPES)}")
-    return int(count), gpu_type or None
+    return ",".join(f"{k}:{t}" if t else k for k, _, t in entries)
 
 
 def _start_ray(address, slots, state: str) -> dict:
@@ -267,27 +272,20 @@ def _start_ray(address, slots, state: str) -> dict:
     saved = {"address": address, "local": local, "state": os.path.join(state, "state"),
              "token": os.path.join(state, "ray_auth_token")}
     if local:
-        from ..cluster.local import HOST, slot_resources
-
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        saved["address"] = f"{HOST}:{port}"
         if not os.path.exists(saved["token"]):  # Ray's token auth: its ports answer only who holds this file
             with os.fdopen(os.open(saved["token"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
                 f.write(secrets.token_hex(32))
-        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         # In a session of its own, which Ray's processes keep: `cluster stop` ends that session and nothing else.
-        starter = subprocess.Popen([ray_cli, "start", "--head", "--node-ip-address", HOST, "--port", str(port),
-                                    "--resources", json.dumps(slot_resources(*slots)),
-                                    "--include-dashboard", "false", "--disable-usage-stats"],
+        # Not `ray start`: a second node on one machine would leave loopback (ray.cluster_utils does not).
+        starter = subprocess.Popen([sys.executable, "-m", "easyscale_ext.cluster.local", slots],
                                    env=dict(os.environ, **_ray_env(saved)), start_new_session=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _, err = starter.communicate()
+        out, err = starter.communicate()
         saved["ray_sessions"] = [starter.pid]
         if starter.returncode != 0:
             _stop_ray(saved)
             raise UsageError(f"Ray did not start: {err.strip().splitlines()[-1:]}")
+        saved["address"] = out.split()[-1]
     with open(os.path.join(state, "cluster.json"), "w") as f:
         json.dump(saved, f)
     return saved
@@ -320,7 +318,7 @@ def submit(args) -> int:
     job = _call(ray, scheduler.submit.remote([os.path.abspath(args.script)] + args.args, args.virtual_workers,
                                              args.min_procs, args.max_procs, args.name,
                                              {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                                             args.application, args.batch_size))
+                                             args.application, args.batch_size, args.level, args.isa))
     capped = _call(ray, scheduler.status.remote(job))[0]["max_procs"]
     if capped < (args.max_procs or args.virtual_workers):
         print(f"easyscale: the cluster has {capped} slots: {job} runs on at most {capped} processes "

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Union
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .. import determinism
 from ..sched import live
 from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
 from ..sched.models.cluster import Cluster, placement_of
@@ -112,17 +113,27 @@ class Scheduler:
     # -- the verbs --------------------------------------------------------------------------------
     def submit(self, argv: List[str], virtual_workers: int, min_procs: int = 1, max_procs: Optional[int] = None,
                name: Optional[str] = None, env: Optional[dict] = None, application: Optional[str] = None,
-               batch_size: Optional[int] = None) -> str:
+               batch_size: Optional[int] = None, level: str = "D0", isa: Optional[str] = None) -> str:
+        """Queue a job; its id. `level` (and D2's floor `isa`): the determinism level whose environment its
+        processes get (determinism.environment); a D2 job may span device types, balancing its virtual workers
+        by measured speed."""
         script = argv[0] if argv else ""
         if not os.path.isfile(script):
             raise ValueError(f"no training script at {script!r}: give the path of a file every node can read")
         max_procs = max_procs or virtual_workers
-        total = sum(slot_nodes().values())
         if not 1 <= min_procs <= max_procs <= virtual_workers:
             raise ValueError(f"need 1 <= min procs ({min_procs}) <= max procs ({max_procs}) <= virtual workers "
                              f"({virtual_workers})")
+        env = dict(env or {}, **determinism.environment(level, isa))  # a ValueError names a bad level or isa
+        slots, types = slot_nodes(), slot_types(self.slot_type)
+        by_type = Counter()
+        for n, count in slots.items():
+            by_type[types[n]] += count
+        # a job runs on one device type unless it runs at D2
+        total = sum(by_type.values()) if determinism.ISA_ENV in env else max(by_type.values())
         if min_procs > total:
-            raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}: "
+            of = "" if determinism.ISA_ENV in env or len(by_type) == 1 else " of one type (--level D2 may span types)"
+            raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}{of}: "
                              "lower --min-procs or add nodes")
         max_procs = min(max_procs, total)  # a job asking for more than there is would wait forever, and all behind it
         if application is not None:
@@ -135,7 +146,7 @@ class Scheduler:
             raise ValueError(f"the {self.policy_name} policy models each job by its application: submit with "
                              f"--application APP (one of {', '.join(sorted(EPOCHS))})")
         name = name or os.path.splitext(os.path.basename(script))[0]
-        job_id = self.table.add(name, list(argv), dict(env or {}), virtual_workers, min_procs, max_procs,
+        job_id = self.table.add(name, list(argv), env, virtual_workers, min_procs, max_procs,
                                 application, batch_size, logs=os.path.join(self.state_dir, "logs"))
         self.wake.set()  # decide now, not at the next round
         return job_id
@@ -342,7 +353,8 @@ class Scheduler:
                 app = self.apps[job["application"]] if job["application"] else None
                 self.models[job["id"]] = live.job_model(job["id"], job["submitted"] - self.t0,
                                                         job["virtual_workers"], job["max_procs"], app,
-                                                        job["batch_size"], self.policy)
+                                                        job["batch_size"], self.policy,
+                                                        heterogeneous=determinism.ISA_ENV in job["env"])
                 if job["nodes"]:  # a job taken back after a restart
                     self.models[job["id"]].allocate(self._groups(job["nodes"]), 0.0)
             self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])

@@ -23,6 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import placement
+from .. import determinism
 from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
 from .worker import SlotWorker
 
@@ -170,6 +171,8 @@ class JobSupervisor:
         env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
                     self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
         env.setdefault(self.client.CHECKPOINT_ENV, self.checkpoints)
+        if determinism.ISA_ENV in env:  # D2: it may span device types, so it balances by measured speed (rank 0)
+            env.setdefault(self.client.BALANCE_ENV, "1")
         if node in self.type_of:
             env[TYPE_ENV] = self.type_of[node]
         self.node_of[name] = node

@@ -21,13 +21,14 @@ class ElasticTraceJob(TraceJob):
 
 
 def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, app=None, batch_size=None,
-              policy=None):
+              policy=None, heterogeneous: bool = False):
     """The model of a submitted job: a profiled application's (with `app`) or else a trace job of unknown
-    length that asks for `max_procs` slots."""
+    length that asks for `max_procs` slots. `heterogeneous`: it runs at D2, so it may span device types."""
     if app is None:
-        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf")))
+        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf"), heterogeneous=heterogeneous))
     batch = batch_size or virtual_workers * max(1, app.init_batch_size // virtual_workers)
-    spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers)
+    spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers,
+                   heterogeneous=heterogeneous)
     tuned = policy.batch_size(spec, app) if policy is not None else batch
     return make_job(spec, {app.name: app}, tuned)
 

@@ -111,14 +111,19 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for spec, message in (("2:h100x", "unknown slot type 'h100x': the profiles know"),
-                              ("a:t4", "--slots a:t4: expected K or K:TYPE")):
+                              ("a:t4", "--slots a:t4: expected K or K:TYPE"),
+                              ("2:t4,", "--slots 2:t4,: expected K or K:TYPE")):
             out = easyscale("cluster", "start", "--slots", spec)
             assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
             assert not (tmp_path / "home" / "cluster.json").exists()  # nothing started
         assert other.wait(timeout=120) == 0 and session_pids(other.pid), "the other Ray did not start"
-        out = easyscale("cluster", "start", "--slots", "1:a100")
+        out = easyscale("cluster", "start", "--slots", "1:a100,2:t4")  # a node per entry
         assert out.returncode == 0, out.stderr
-        assert re.search(r"^\S+\s+a100\s+1\s+0\s+0$", easyscale("status").stdout, re.M)  # the node's type
+        nodes = easyscale("status").stdout
+        assert re.search(r"^\S+\s+a100\s+1\s+0\s+0$", nodes, re.M) and re.search(r"^\S+\s+t4\s+2\s+0\s+0$", nodes,
+                                                                                   re.M), nodes  # each node's type
+        out = easyscale("submit", "--virtual-workers", "4", "--min-procs", "3", EXAMPLE)
+        assert out.returncode == 2 and "the cluster has 2 of one type (--level D2 may span types)" in out.stderr
         saved = json.loads((tmp_path / "home" / "cluster.json").read_text())
         env = dict(os.environ, **loopback_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=saved["token"])
         kill = (f"import ray; ray.init(address={saved['address']!r}, namespace='easyscale'); "

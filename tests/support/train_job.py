@@ -247,7 +247,8 @@ def run_easyscale(args, model, data, opt):
     if args.elastic:
         from easyscale_ext.elastic import ElasticMember
         from easyscale_ext.elastic import Balancer
-        member = ElasticMember(balance=Balancer(interval=1, threshold=0.15, patience=2) if args.balance else False,
+        # without --balance, $EASYSCALE_BALANCE decides (the cluster sets it for a D2 job)
+        member = ElasticMember(balance=Balancer(interval=1, threshold=0.15, patience=2) if args.balance else None,
                                liveness_s=args.liveness)
         if args.log_events:
             def record(event):

@@ -270,16 +270,20 @@ def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
     compute costs the application's measured D2/D0 ratio. Waste: the share of the GPUs' time idle while the
     slowest computes."""
     cost = app.d2_cost if len(groups) > 1 else 1.0
-    placement = sum((p for _, p in groups), ())
     types = [t for t, p in groups for _ in range(sum(p))]
     compute = {t: cost * app.worker_compute_time(t, local_bsz) for t, _ in groups}
     sizes = optimal_split(virtual_workers, [1 / compute[t] for t in types])
-    step = 0.0
-    for k, t in zip(sizes, types):
-        full, sync = app.profile(t).step_time(placement, local_bsz)
-        step = max(step, (k - 1) * compute[t] + cost * (full - sync) + sync)
+    step = max(gpu_step(app, local_bsz, groups, t, k) for k, t in zip(sizes, types))
     busy = [k * compute[t] for k, t in zip(sizes, types)]
     return step, 1 - sum(busy) / (len(busy) * max(busy))
+
+
+def gpu_step(app, local_bsz, groups, gpu_type, workers) -> float:
+    """Seconds one GPU of `gpu_type` takes for its `workers` virtual workers of a step of a job on `groups` ((GPU
+    type, GPUs per node) pairs): k - 1 workers computed, then the last one overlapped with the exchange."""
+    cost = app.d2_cost if len(groups) > 1 else 1.0
+    full, sync = app.profile(gpu_type).step_time(sum((p for _, p in groups), ()), local_bsz)
+    return (workers - 1) * cost * app.worker_compute_time(gpu_type, local_bsz) + cost * (full - sync) + sync
 
 
 def mixed_step(app, workers, local_bsz, groups) -> float:

@@ -1,0 +1,97 @@
+"""Device types on a real two-node Ray cluster of two types (this machine emulates them: the second type's node runs
+its processes one instruction set below this CPU's, so a job's bits differ between the types unless it runs at D2).
+A D2 job spanning both types, and a D2 job suspended on one type and resumed on the other at another size, end
+with their fixed-size run's bits."""
+import re
+import sys
+import time
+
+import pytest
+import ray
+
+from easyscale_ext.cluster.scheduler import launch
+from easyscale_ext.sched.policies.base import Policy
+from easyscale_ext import determinism
+from support.jobs import run_job
+from test_scheduler import ENV, job_argv, stop
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def typed():
+    from easyscale_ext.cluster.local import LocalCluster
+
+    local = LocalCluster(nodes=2, slots=2, types=("t4", "a100"), emulate=True)
+    try:
+        yield local
+    finally:
+        local.shutdown()
+
+
+class Spread(Policy):
+    """Every job on one slot of each node: across both types."""
+    name = "spread"
+
+    def optimize(self, now, jobs, cluster, allocations):
+        return {job.name: tuple(range(len(cluster.gpus))) for job in jobs}
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the scheduler's process cannot import tests
+
+
+def fixed(level, steps=4):
+    """The job's single-process run at `level` on this machine's own instruction set (the t4 node's)."""
+    return run_job("reference", n=4, steps=steps, level=level, env_per_rank=[determinism.environment(level)])
+
+
+def wait_until_ended(scheduler, jobs, seconds=240):
+    deadline = time.monotonic() + seconds
+    while any((s := ray.get(scheduler.status.remote(j))[0])["state"] in ("queued", "running") for j in jobs):
+        assert time.monotonic() < deadline, f"did not end: {s}"
+        time.sleep(0.5)
+    return [ray.get(scheduler.status.remote(j))[0] for j in jobs]
+
+
+def test_a_d2_job_spanning_both_types_keeps_its_fixed_size_bits_and_a_d0_one_does_not(typed, tmp_path):
+    scheduler = launch(str(tmp_path / "state"), Spread(), 0.5)
+    try:
+        assert sorted(n["type"] for n in ray.get(scheduler.nodes.remote())) == ["a100", "t4"]
+        jobs = {level: ray.get(scheduler.submit.remote(job_argv(tmp_path / level, 4) + ["--level", level], 4, 1,
+                                                       2, level, ENV, None, None, level))
+                for level in ("D2", "D0")}
+        assert [j["state"] for j in wait_until_ended(scheduler, jobs.values())] == ["finished"] * 2
+        log = (tmp_path / "state" / "logs" / jobs["D2"] / "w0.log").read_text()
+        assert (tmp_path / "D2").read_text() == fixed("D2"), log[-2000:]
+        if typed.isas["a100"] is not None:  # the emulation works: across types, D0's bits are not the reference's
+            assert (tmp_path / "D0").read_text() != fixed("D0"), "the two types' processes agree without D2"
+    finally:
+        stop(scheduler)
+
+
+def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typed, tmp_path):
+    t4, a100 = typed.node_ids()
+    scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)  # elastic: it takes what there is
+    try:
+        assert ray.get(scheduler.reserve.remote(2, a100)) == [a100, a100]  # the job starts on the t4 node
+        argv = job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
+                                                    str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1",
+                                                    "--level", "D2"]
+        job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "moved", ENV, "cifar10", None, "D2"))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
+            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
+            time.sleep(0.2)
+        assert status()["nodes"] == [t4, t4]
+        assert ray.get(scheduler.reserve.remote(2, t4)) == [t4, t4]  # suspends it
+        while status()["state"] != "queued":
+            assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
+            time.sleep(0.2)
+        assert ray.get(scheduler.unreserve.remote(1, a100)) == 1  # it resumes on one a100 slot
+        [ended] = wait_until_ended(scheduler, [job])
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert ended["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]
+        assert (tmp_path / "hash").read_text() == fixed("D2", steps=12)
+    finally:
+        stop(scheduler)
