@@ -29,10 +29,10 @@ APPS = ("imagenet", "yolov3", "deepspeech2", "bert")
 TYPES = ("t4", "a100")
 POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
 VIRTUAL_WORKERS, SLOTS = 4, 4
-COSTS = ("start", "pause", "join", "exit", "suspend", "resume")
+COSTS = ("start", "pause", "join", "exit", "suspend", "resume")  # measured: (processes started, seconds) each
 
 
-def run_for_real(policy, trace, steps, round_s, work, suspend_all_at=None):
+def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None):
     """Submit `trace` ((seconds after start, app) pairs) to a fresh scheduler; with `suspend_all_at` (seconds),
     reserve every slot then (suspending every running job) and give them back 5 s later. Returns the run's
     result (as the simulator reports one), round times, final hashes and the costs it measured."""
@@ -49,7 +49,7 @@ def run_for_real(policy, trace, steps, round_s, work, suspend_all_at=None):
         while pending and time.time() - begin >= pending[0][1][0]:
             i, (_, app) = pending.pop(0)
             log = os.path.join(work, policy, f"steps{i}.log")
-            ids.append(ray.get(scheduler.submit.remote([os.path.join(HERE, "cluster_job.py"), app, str(steps), log],
+            ids.append(ray.get(scheduler.submit.remote([os.path.join(HERE, "cluster_job.py"), app, str(steps), log, str(scale)],
                                                        VIRTUAL_WORKERS, 1, VIRTUAL_WORKERS, f"job{i}", env, app,
                                                        None, "D2")))
         if suspend_all_at is not None and reserved is None and time.time() - begin >= suspend_all_at:
@@ -79,24 +79,39 @@ def run_for_real(policy, trace, steps, round_s, work, suspend_all_at=None):
         with open(os.path.join(work, policy, f"steps{i}.log")) as f:
             rows = [tuple(map(float, line.split())) for line in f]
         held = sorted((s + t0, e + t0, n) for (name, s, e, n) in result.segments if name == job["id"])
-        costs["start"].append(rows[0][2] - held[0][0])
-        costs["exit"].append(records[job["id"]]["completion"] + t0 - rows[-1][3])
+        costs["start"].append((held[0][2], rows[0][2] - held[0][0]))
+        costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3]))
         usual = statistics.median(b[2] - a[3] for a, b in zip(rows, rows[1:]) if a[1] == b[1])
-        costs["pause"] += [b[2] - a[3] - usual for a, b in zip(rows, rows[1:]) if a[1] != b[1] and b[2] - a[3] < 5]
+        costs["pause"] += [(0, b[2] - a[3] - usual) for a, b in zip(rows, rows[1:])
+                           if a[1] != b[1] and b[2] - a[3] < 5]
         for (_, end, before), (at, _, after) in zip(held, held[1:]):
             first = next((r for r in rows if r[2] >= at), None)
             if at - end > 0.5 and first:  # it held nothing between: a suspension, then a resume
-                costs["resume"].append(first[2] - at)
+                costs["resume"].append((after, first[2] - at))
                 if reserved is not None and end > reserved:
-                    costs["suspend"].append(end - reserved)
+                    costs["suspend"].append((0, end - reserved))
             elif after > before:  # a growth in place: from the allocation to the joiners' admission
                 grown = next((k for k, r in enumerate(rows) if r[1] == after and r[2] >= at), None)
                 if grown:
-                    costs["join"].append(rows[grown - 1][3] - at)
+                    costs["join"].append((after - before, rows[grown - 1][3] - at))
     return result, rounds, digests, costs
 
 
-def simulate_run(policy, result, steps, round_s, costs):
+def calibrated(measured) -> dict:
+    """The simulator's costs from the calibration's events: a process start's share (the slope of a line fitted
+    to first starts by processes: on this machine they share two cores), and each cost's median, less that share
+    per process it started."""
+    import numpy as np
+
+    starts = np.array(measured["start"], dtype=float)
+    per_process = max(float(np.polyfit(starts[:, 0], starts[:, 1], 1)[0]), 0.0) if len(set(starts[:, 0])) > 1 \
+        else 0.0
+    costs = {c: max(statistics.median(s - per_process * k for k, s in v), 0.0) if v else 0.0
+             for c, v in measured.items()}
+    return dict(costs, per_process=per_process)
+
+
+def simulate_run(policy, result, steps, scale, round_s, costs):
     from easyscale_ext.sched import live
     from easyscale_ext.sched.metrics import summarize
     from easyscale_ext.sched.models.application import Applications
@@ -115,8 +130,8 @@ def simulate_run(policy, result, steps, round_s, costs):
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
-                       suspend_s=costs["suspend"], rounds_at_arrivals=True,
-                       slowdown={a: steps / apps[a].noise.progress_at(1) for a in APPS})
+                       suspend_s=costs["suspend"], start_per_process_s=costs["per_process"], rounds_at_arrivals=True,
+                       slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     simulated = simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
     return summarize(simulated, cluster.total_gpus)
 
@@ -126,6 +141,8 @@ def main():
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--time-scale", type=float, default=4.0, help="emulated device time: this many times the "
+                    "profiles' (a 4-GPU a100 step is 0.14 s, less than this CPU's own work for it)")
     ap.add_argument("--gap", type=float, default=5.0, help="seconds between arrivals")
     ap.add_argument("--round", type=float, default=5.0, help="seconds per scheduling round")
     ap.add_argument("--runs", type=int, default=3, help="runs of each policy; the table gives medians")
@@ -138,27 +155,26 @@ def main():
     cluster = LocalCluster(nodes=len(TYPES), slots=SLOTS, types=TYPES, emulate=True)
     trace = [(i * args.gap, APPS[i % len(APPS)]) for i in range(args.jobs)]
     print(f"# {args.jobs} jobs ({', '.join(APPS)} in turn, {VIRTUAL_WORKERS} virtual workers, {args.steps} steps, "
-          f"D2), one every {args.gap:g} s, on {len(TYPES)} nodes x {SLOTS} slots ({', '.join(TYPES)}; "
+          f"D2, device time x{args.time_scale:g}), one every {args.gap:g} s, on {len(TYPES)} nodes x {SLOTS} slots ({', '.join(TYPES)}; "
           f"instruction sets {cluster.isas}), rounds of {args.round:g} s. No GPU here: every process pads its step "
           "to its application's profile on its slot's type.\n")
     policies = args.policies.split(",")
     runs, digests = {p: [] for p in policies}, set()  # policy -> a row per run
     try:
         with tempfile.TemporaryDirectory() as work:
-            *_, hashes, measured = run_for_real(args.calibration_policy, trace, args.steps, args.round,
+            *_, hashes, measured = run_for_real(args.calibration_policy, trace, args.steps, args.time_scale, args.round,
                                                 os.path.join(work, "calibration"),
                                                 suspend_all_at=args.gap * args.jobs / 2)
             digests |= hashes
-            costs = {c: max(statistics.median(v), 0.0) if v else 0.0 for c, v in measured.items()}
-            counts = {c: len(v) for c, v in measured.items()}
+            costs, counts = calibrated(measured), {c: len(v) for c, v in measured.items()}
             print(f"calibration ({args.calibration_policy}): {costs} from {counts} events", file=sys.stderr)
             for run in range(args.runs):
                 for policy in policies:
-                    result, rounds, hashes, _ = run_for_real(policy, trace, args.steps, args.round,
+                    result, rounds, hashes, _ = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
                                                              os.path.join(work, str(run)))
                     digests |= hashes
                     real = summarize(result, len(TYPES) * SLOTS)
-                    sim = simulate_run(policy, result, args.steps, args.round, costs)
+                    sim = simulate_run(policy, result, args.steps, args.time_scale, args.round, costs)
                     runs[policy].append((real["avg_jct"], sim["avg_jct"], sim["avg_jct"] / real["avg_jct"],
                                          real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds)))
                     print(f"run {run + 1}, {policy}: sim / real {runs[policy][-1][2]:.2f}", file=sys.stderr,
@@ -166,7 +182,8 @@ def main():
     finally:
         cluster.shutdown()
     print("Calibration run (" + args.calibration_policy + ", every slot reserved for 5 s halfway): medians, s: "
-          + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS) + "\n")
+          + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
+          + f"; and {costs['per_process']:.2f} per process a start, resume or growth starts\n")
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
           "| round median / max (s) |")

@@ -2,10 +2,11 @@
 every process pads its step to the time its application's profile gives for its share of the virtual workers
 on its slot's type ($EASYSCALE_SLOT_TYPE), the job holding the slots it holds: this machine has no GPUs, so
 device time is emulated (on several types the step lasts as long as the slowest process's, and the balancer
-moves virtual workers by the measured times). Rank 0 appends `step processes start end` per step to LOG, and
-prints the SHA-256 of the final state.
+moves virtual workers by the measured times), times SCALE (default 1: profiled steps on fast types are shorter
+than this CPU's own work for them). Rank 0 appends `step processes start end` per step to LOG, and prints the
+SHA-256 of the final state.
 
-    cluster_job.py APP STEPS LOG
+    cluster_job.py APP STEPS LOG [SCALE]
 """
 import os
 import sys
@@ -27,6 +28,7 @@ from easyscale_ext.sched.models.traces import data_dir
 
 N, BATCH = 4, 16
 app_name, steps, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+scale = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
 slot_type = os.environ.get(TYPE_ENV, "t4")
 app = Applications(data_dir())[app_name]
 local_bsz = max(1, app.init_batch_size // N)  # the model's batch: what the scheduler's job model assumes
@@ -51,7 +53,7 @@ def train_step(step):
     lo, hi = ddp.ranges[dist.get_rank()]
     if (tuple(slots), hi - lo) not in profiled:
         groups = tuple((t, placement_of([n for tn, n in slots if tn == t])) for t in dict.fromkeys(t for t, _ in slots))
-        profiled[tuple(slots), hi - lo] = gpu_step(app, local_bsz, groups, slot_type, hi - lo)
+        profiled[tuple(slots), hi - lo] = scale * gpu_step(app, local_bsz, groups, slot_type, hi - lo)
     time.sleep(max(0.0, profiled[tuple(slots), hi - lo] - (time.time() - start)))
     if dist.get_rank() == 0:
         with open(log_path, "a") as log:

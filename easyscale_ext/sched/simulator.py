@@ -40,6 +40,8 @@ class SimConfig:
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
+    start_per_process_s: float = 0.0  # each process a (re)start or an in-place growth starts adds this much (processes
+    # that start together share CPUs: cluster mode on one machine)
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
@@ -138,8 +140,9 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             delay = reallocation_cost(job, old, alloc, cluster, config, in_place) if alloc else 0.0
             gained = Counter(alloc) - Counter(old)
             wait = config.suspend_s if suspended.keys() & gained.keys() else 0.0  # until the preempted job left
-            if in_place and old and alloc and (config.join_s or wait) and gained:
-                job.allocate_after(cluster.groups(alloc), delay, config.join_s + wait)  # joiners start first
+            prepare = config.join_s + config.start_per_process_s * sum(gained.values()) + wait
+            if in_place and old and alloc and prepare and gained:
+                job.allocate_after(cluster.groups(alloc), delay, prepare)  # joiners start first
             else:
                 job.allocate(cluster.groups(alloc), delay + wait)
             _close(segments, opened, name, now)
