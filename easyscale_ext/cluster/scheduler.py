@@ -129,10 +129,12 @@ class Scheduler:
         by_type = Counter()
         for n, count in slots.items():
             by_type[types[n]] += count
-        # a job runs on one device type unless it runs at D2
-        total = sum(by_type.values()) if determinism.ISA_ENV in env else max(by_type.values())
+        # a job runs on one device type unless it runs at D2 under a policy that mixes types
+        spans = determinism.ISA_ENV in env and self.policy.mixes_types
+        total = sum(by_type.values()) if spans else max(by_type.values())
         if min_procs > total:
-            of = "" if determinism.ISA_ENV in env or len(by_type) == 1 else " of one type (--level D2 may span types)"
+            of = "" if spans or len(by_type) == 1 else \
+                " of one type (a policy that mixes types may span them with a job at --level D2)"
             raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}{of}: "
                              "lower --min-procs or add nodes")
         max_procs = min(max_procs, total)  # a job asking for more than there is would wait forever, and all behind it

@@ -123,7 +123,13 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
         assert re.search(r"^\S+\s+a100\s+1\s+0\s+0$", nodes, re.M) and re.search(r"^\S+\s+t4\s+2\s+0\s+0$", nodes,
                                                                                    re.M), nodes  # each node's type
         out = easyscale("submit", "--virtual-workers", "4", "--min-procs", "3", EXAMPLE)
-        assert out.returncode == 2 and "the cluster has 2 of one type (--level D2 may span types)" in out.stderr
+        assert out.returncode == 2 and "the cluster has 2 of one type" in out.stderr, out.stderr
+        # At D2 a job has the same bits on either type at any size: on the 2 t4 slots, and on the 1 a100 slot
+        d2 = [easyscale("submit", "--virtual-workers", "4", "--level", "D2", *extra, EXAMPLE).stdout.strip()
+              for extra in ([], ["--max-procs", "1"])]
+        logs = [easyscale("logs", "-f", job).stdout for job in d2]
+        digests = [re.findall(r"sha256 ([0-9a-f]{64})", log) for log in logs]
+        assert digests[0] and digests[0] == digests[1], logs
         saved = json.loads((tmp_path / "home" / "cluster.json").read_text())
         env = dict(os.environ, **loopback_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=saved["token"])
         kill = (f"import ray; ray.init(address={saved['address']!r}, namespace='easyscale'); "
