@@ -6,7 +6,6 @@ interpolated linearly in (nodes, replicas, per-GPU batch) over all measurements,
 outside their convex hull, the nearest measurement stands in.
 """
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from .traces import read_csv
 
@@ -41,6 +40,8 @@ class StepTimeProfile:
         x = np.concatenate([keys, np.stack([sc["num_nodes"], sc["num_replicas"], sc["local_bsz"]], 1)])
         y = np.concatenate([np.stack([mean(pl["step_time"]), mean(pl["sync_time"])], 1),
                             np.stack([sc["step_time"], sc["sync_time"]], 1)])
+        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+
         self._points = (x, y)
         self._interp = LinearNDInterpolator(x, y)
         self._nearest = NearestNDInterpolator(x, y)  # outside the measurements' hull

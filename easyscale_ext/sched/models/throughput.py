@@ -9,7 +9,6 @@
 from typing import NamedTuple
 
 import numpy as np
-from scipy.optimize import Bounds, minimize
 
 
 class PerfParams(NamedTuple):
@@ -102,6 +101,8 @@ def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParam
         q = to_p(x)
         value, grad = _loss(q, *args)
         return value, grad * np.concatenate([q[:6], [1.0]])
+
+    from scipy.optimize import Bounds, minimize  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
 
     result = minimize(loss, to_x(x0), args=(nodes, reps, bsz, np.log(compute), np.log(step)), jac=True,
                       method="L-BFGS-B", bounds=Bounds(to_x(lo), to_x(hi), keep_feasible=True),

@@ -21,8 +21,6 @@ goes to the fullest node that holds it.
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
 from ..models.goodput import GoodputModel
 from ..models.throughput import fit_perf_params
@@ -163,6 +161,9 @@ class SiaPolicy(Policy):
 
     def _solve(self, num_jobs, options, costs, forced, capacity) -> list:
         """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost."""
+        from scipy.optimize import Bounds, LinearConstraint, milp  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+        from scipy.sparse import csr_array
+
         if not options:
             return []
         jobs = np.array([j for j, _ in options])
