@@ -99,12 +99,12 @@ class Scheduler:
         for job in self.table.list(("running",)):  # a restarted scheduler takes its running jobs back
             try:
                 self.supervisors[job["id"]] = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
-            except ValueError:  # its supervisor is gone with the cluster: the job's state is unknown
-                self.table.update(job["id"], state="failed", finished=time.time(), nodes=[])
+            except ValueError:  # its supervisor is gone (with the head node): it resumes from its checkpoint
+                self._requeue_orphan(job["id"])
         for job in self.table.list(("queued",)):  # a supervisor whose round died before the job was marked running
             try:  # has started no process (a round places a job after marking it): end it, its name is the job's
                 ray.kill(ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE))
-                self._wait_until_gone(job["id"])
+                self._wait_until_gone(f"job/{job['id']}")
             except ValueError:
                 pass
         self.wake = threading.Event()
@@ -387,13 +387,17 @@ class Scheduler:
             job_id = asked[ref]
             try:
                 state = ray.get(ref)
-            except ray.exceptions.RayActorError:  # the supervisor died (with the head node's processes)
-                state = {"done": -9, "done_at": None, "progress": None, "orphaned": False}
+            except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
+                self.supervisors.pop(job_id)
+                self._requeue_orphan(job_id)
+                for table in (self.followed, self.last_step):
+                    table.pop(job_id, None)
+                continue
             if state["done"] is not None:
                 ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
                 why = self.suspending.pop(job_id, "preempted")
                 if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
-                    self._wait_until_gone(job_id)
+                    self._wait_until_gone(f"job/{job_id}")
                     if job_id in self.models:  # its model keeps its history (attained service, progress)
                         self.models[job_id].allocate({}, 0.0)
                     note = f"suspended at step {state['suspended']}: {why}" if state.get("suspended") is not None \
@@ -420,13 +424,33 @@ class Scheduler:
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now
 
+    def _requeue_orphan(self, job_id: str) -> None:
+        """A running job whose supervisor (the host of its store) is lost: its processes, which cannot go on
+        without their store, are ended (the job never runs twice at once), and it waits in the queue to resume from
+        its newest checkpoint."""
+        mine = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE and a["name"].startswith(f"{job_id}/")]  # its slots' actors
+        for name in mine:
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE))  # its process dies with it
+            except ValueError:  # ended meanwhile
+                pass
+        for name in [f"job/{job_id}"] + mine:  # the next supervisor and its slots' actors take these names again
+            self._wait_until_gone(name)
+        self.suspending.pop(job_id, None)
+        if job_id in self.models:
+            self.models[job_id].allocate({}, 0.0)
+        note = "its supervisor was lost: it resumes from its newest checkpoint"
+        self.table.update(job_id, state="queued", nodes=[], note=note)
+        log.warning("%s: %s", job_id, note)
+
     @staticmethod
-    def _wait_until_gone(job_id: str) -> None:
-        """Until a killed supervisor's name is free for the job's next one."""
+    def _wait_until_gone(name: str) -> None:
+        """Until a killed actor's name is free (for the job's next supervisor, or its slots' next actors)."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                ray.get_actor(f"job/{job_id}", namespace=NAMESPACE)
+                ray.get_actor(name, namespace=NAMESPACE)
             except ValueError:
                 return
             time.sleep(0.05)

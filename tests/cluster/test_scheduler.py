@@ -123,6 +123,30 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by)
         ray.kill(second)
 
 
+def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one_bitwise(cluster, tmp_path):
+    """The supervisor hosts the job's store: when its actor dies, the job's processes are ended (never two of one
+    job at once) and the job resumes from its newest checkpoint under a new supervisor, with its fixed-size bits."""
+    scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
+    try:
+        argv = job_argv(tmp_path / "hash", 2)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
+                                                    str(tmp_path / "ckpt"), "--ckpt-every", "2", "--resume", "1"]
+        job = ray.get(scheduler.submit.remote(argv, 2, 1, 2, "orphan", ENV))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 5:
+            assert time.monotonic() < deadline, f"no 5 steps: {status()}"
+            time.sleep(0.2)
+        ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))  # as a crash of its actor
+        while (now := status())["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 180, f"did not end: {now}"
+            time.sleep(0.5)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert now["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), (now, log[-2000:])
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+    finally:
+        stop(scheduler)
+
+
 def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_checkpoint(cluster, tmp_path):
     """No survivor to recover in place: the scheduler queues the job again, and it resumes from the checkpoint
     it wrote to a folder every node reads. Its bits are the fixed-size run's."""
