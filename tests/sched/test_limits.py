@@ -96,3 +96,11 @@ def test_a_running_job_the_policy_stops_is_preempted_and_its_slots_go_to_the_pol
     policy = Limits(Fixed({"old": (0,)}))
     policy.limits = {"old": (2, 4)}  # below its minimum: preempted too
     assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {}
+
+
+def test_the_old_nonpreemptive_name_still_works_and_says_what_replaced_it():
+    from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
+
+    with pytest.warns(DeprecationWarning, match=r"Limits\(policy, preempt=False\)"):
+        policy = NonPreemptive(Fixed({"new": (0, 0, 1)}))
+    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,)}
