@@ -155,3 +155,24 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
     deadline = time.monotonic() + 10
     while session_pids(other.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def test_the_readme_two_type_commands_run_as_written_and_keep_the_fixed_size_bits(tmp_path):
+    """The README's two-type block, run by bash exactly as printed there; the job's SHA-256 is the one the same
+    script has at D2 on one local process."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = re.search(r"On one machine, a two-type cluster:\n\n```sh\n(.*?)```", readme, re.S).group(1)
+    env = dict(os.environ, EASYSCALE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    try:
+        out = subprocess.run(["bash", "-e", "-c", block], capture_output=True, text=True, env=env, timeout=300,
+                             cwd=ROOT)
+    finally:
+        subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "cluster", "stop"], env=env, capture_output=True,
+                       timeout=120)
+    assert out.returncode == 0 and "stopped the scheduler and Ray" in out.stdout, out.stdout + out.stderr
+    assert re.search(r"^\S+\s+a100\s+2\s+0\s+\d$", out.stdout, re.M), out.stdout  # status lists both types
+    local = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "run", "--procs", "1", "--level", "D2", "--",
+                            EXAMPLE], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    digests = [re.findall(r"sha256 ([0-9a-f]{64})", text) for text in (out.stdout, local.stdout + local.stderr)]
+    assert digests[0] and digests[0] == digests[1], (out.stdout, local.stdout, local.stderr)
