@@ -49,8 +49,8 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
         while pending and time.time() - begin >= pending[0][1][0]:
             i, (_, app) = pending.pop(0)
             log = os.path.join(work, policy, f"steps{i}.log")
-            ids.append(ray.get(scheduler.submit.remote([os.path.join(HERE, "cluster_job.py"), app, str(steps), log, str(scale)],
-                                                       VIRTUAL_WORKERS, 1, VIRTUAL_WORKERS, f"job{i}", env, app,
+            argv = [os.path.join(HERE, "cluster_job.py"), app, str(steps), log, str(scale)]
+            ids.append(ray.get(scheduler.submit.remote(argv, VIRTUAL_WORKERS, 1, VIRTUAL_WORKERS, f"job{i}", env, app,
                                                        None, "D2")))
         if suspend_all_at is not None and reserved is None and time.time() - begin >= suspend_all_at:
             reserved = time.time()
@@ -155,9 +155,9 @@ def main():
     cluster = LocalCluster(nodes=len(TYPES), slots=SLOTS, types=TYPES, emulate=True)
     trace = [(i * args.gap, APPS[i % len(APPS)]) for i in range(args.jobs)]
     print(f"# {args.jobs} jobs ({', '.join(APPS)} in turn, {VIRTUAL_WORKERS} virtual workers, {args.steps} steps, "
-          f"D2, device time x{args.time_scale:g}), one every {args.gap:g} s, on {len(TYPES)} nodes x {SLOTS} slots ({', '.join(TYPES)}; "
-          f"instruction sets {cluster.isas}), rounds of {args.round:g} s. No GPU here: every process pads its step "
-          "to its application's profile on its slot's type.\n")
+          f"D2, device time x{args.time_scale:g}), one every {args.gap:g} s, on {len(TYPES)} nodes x {SLOTS} slots "
+          f"({', '.join(TYPES)}; instruction sets {cluster.isas}), rounds of {args.round:g} s. No GPU here: every "
+          "process pads its step to its application's profile on its slot's type.\n")
     policies = args.policies.split(",")
     runs, digests = {p: [] for p in policies}, set()  # policy -> a row per run
     try:

@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 import easyscale_ext as es
 from easyscale_ext.cluster import NODE_ENV, TYPE_ENV
 from easyscale_ext.determinism import ISA_ENV
+from easyscale_ext.elastic.client import BALANCE_ENV
 from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import placement_of
 from easyscale_ext.sched.models.job import gpu_step
@@ -33,7 +34,9 @@ slot_type = os.environ.get(TYPE_ENV, "t4")
 app = Applications(data_dir())[app_name]
 local_bsz = max(1, app.init_batch_size // N)  # the model's batch: what the scheduler's job model assumes
 
-member = es.ElasticMember()
+# A D2 job the cluster may spread over types balances by measured speed ($EASYSCALE_BALANCE): every 2 steps here,
+# not every 10, since these jobs are that much shorter than real ones.
+member = es.ElasticMember(balance=es.Balancer(interval=2, patience=1) if os.environ.get(BALANCE_ENV) == "1" else None)
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(steps * BATCH * N, 1, 8, 8), torch.randint(0, 10, (steps * BATCH * N,)))
 model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))

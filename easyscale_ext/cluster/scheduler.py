@@ -7,9 +7,10 @@ each job's limits: policies.limits) gets the queued and running jobs with their 
 nodes' available slots, and returns new ones; a job that gets slots for the first time starts on them, a running
 job whose slots change moves there in place (supervisor.place), and a running job the policy stops is suspended:
 it saves a checkpoint at its next step boundary, leaves its slots and waits in the queue to resume wherever it
-gets slots (with `preempt=False`, `cluster start --no-preempt`, a running job keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes, whatever the timing
-of decisions, releases, reservations and failures. The node list is read every round: a node lost takes its
-slots out of the next decision, and its jobs, recovered in place on their other slots, keep those.
+gets slots (with `preempt=False`, `cluster start --no-preempt`, a running job keeps at least one slot instead).
+Slots are Ray resources, so a slot is never held by two processes, whatever the timing of decisions, releases,
+reservations and failures. The node list is read every round: a node lost takes its slots out of the next
+decision, and its jobs, recovered in place on their other slots, keep those.
 """
 import logging
 import os
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
 
 
-def launch(state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0, slot_type: str = "t4", preempt: bool = True,
-           **options):
+def launch(state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0, slot_type: str = "t4",
+           preempt: bool = True, **options):
     """Start the scheduler on the head node, where nodes that come and go cannot take it (or the supervisors
     beside it) down; `options` are Ray's actor options (a name, a lifetime, `max_restarts=-1` to have Ray start it
     again if it dies: it takes its jobs back from the job table). `policy`: a name of sched.policies.POLICIES, or

@@ -40,7 +40,8 @@ class StepTimeProfile:
         x = np.concatenate([keys, np.stack([sc["num_nodes"], sc["num_replicas"], sc["local_bsz"]], 1)])
         y = np.concatenate([np.stack([mean(pl["step_time"]), mean(pl["sync_time"])], 1),
                             np.stack([sc["step_time"], sc["sync_time"]], 1)])
-        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+        # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
         self._points = (x, y)
         self._interp = LinearNDInterpolator(x, y)

@@ -102,7 +102,9 @@ def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParam
         value, grad = _loss(q, *args)
         return value, grad * np.concatenate([q[:6], [1.0]])
 
-    from scipy.optimize import Bounds, minimize  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+    # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+
+    from scipy.optimize import Bounds, minimize
 
     result = minimize(loss, to_x(x0), args=(nodes, reps, bsz, np.log(compute), np.log(step)), jac=True,
                       method="L-BFGS-B", bounds=Bounds(to_x(lo), to_x(hi), keep_feasible=True),

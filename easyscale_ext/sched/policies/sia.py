@@ -161,7 +161,8 @@ class SiaPolicy(Policy):
 
     def _solve(self, num_jobs, options, costs, forced, capacity) -> list:
         """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost."""
-        from scipy.optimize import Bounds, LinearConstraint, milp  # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+        # here, not at the top: the CLI's parsers import this module (`status` stays quick)
+        from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
 
         if not options:
