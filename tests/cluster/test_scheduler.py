@@ -26,9 +26,26 @@ def stop(scheduler):
         ray.kill(scheduler)
 
 
-def job_argv(out, n):
+def job_argv(out, n, steps=4):
     return [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(out), "--virtual-workers", str(n),
-            "--steps", "4", "--step-sleep", "0.3"]
+            "--steps", str(steps), "--step-sleep", "0.3"]
+
+
+def resumable_argv(out, n, ckpt, every):
+    """A 12-step job that checkpoints into `ckpt` every `every` steps (and when asked to leave) and resumes there."""
+    return job_argv(out, n, steps=12) + ["--ckpt-dir", str(ckpt), "--ckpt-every", str(every), "--resume", "1"]
+
+
+def step_of(job: dict) -> int:
+    """The last step a job's status reports (0 before its first)."""
+    return ((job["live"] or {}).get("progress") or {}).get("step", 0)
+
+
+def wait_for_step(status, step: int, deadline: float) -> None:
+    """Until `status()` reports step `step`, or fail at `deadline` (time.monotonic)."""
+    while step_of(status()) < step:
+        assert time.monotonic() < deadline, f"no {step} steps: {status()}"
+        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -128,14 +145,11 @@ def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one
     job at once) and the job resumes from its newest checkpoint under a new supervisor, with its fixed-size bits."""
     scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
     try:
-        argv = job_argv(tmp_path / "hash", 2)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
-                                                    str(tmp_path / "ckpt"), "--ckpt-every", "2", "--resume", "1"]
+        argv = resumable_argv(tmp_path / "hash", 2, tmp_path / "ckpt", 2)
         job = ray.get(scheduler.submit.remote(argv, 2, 1, 2, "orphan", ENV))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 5:
-            assert time.monotonic() < deadline, f"no 5 steps: {status()}"
-            time.sleep(0.2)
+        wait_for_step(status, 5, deadline)
         ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))  # as a crash of its actor
         while (now := status())["state"] in ("queued", "running"):
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
@@ -155,14 +169,11 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         assert len(ray.get(scheduler.reserve.remote(4))) == 4  # nodes a and b: the job can only go to c
         c = cluster.add_node(slots=1)
         ckpt = tmp_path / "ckpt"
-        argv = job_argv(tmp_path / "hash", 2)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir", str(ckpt),
-                                                    "--ckpt-every", "2", "--resume", "1"]
+        argv = resumable_argv(tmp_path / "hash", 2, ckpt, 2)
         job = ray.get(scheduler.submit.remote(argv, 2, 1, 1, "orphan", ENV))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 5:
-            assert time.monotonic() < deadline, f"no 5 steps on the new node: {status()}"
-            time.sleep(0.2)
+        wait_for_step(status, 5, deadline)
         assert status()["nodes"] == [cluster.node_ids()[c]]
         cluster.remove_node(c)
         while status()["state"] != "queued":
@@ -183,12 +194,11 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
 def test_reserved_slots_are_taken_given_back_and_a_cancelled_job_frees_its_own(cluster, scheduler, tmp_path):
     """A reservation gets the slot the job left (at its next step boundary), the job grows back onto it when it
     is given back, and a cancelled job's slots are free at once."""
-    job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "300", "--step-sleep",
-                                                                              "0.3"], 4, 1, 2, "held", ENV))
+    job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "hash", 4, steps=300), 4, 1, 2, "held", ENV))
     status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
     members = lambda: len((status()["live"] or {}).get("members", []))  # noqa: E731
     deadline = time.monotonic() + 120
-    while members() < 2 or ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 1:
+    while members() < 2 or step_of(status()) < 1:
         assert time.monotonic() < deadline, f"the job did not start on 2 slots: {status()}"
         time.sleep(0.2)
     assert len(ray.get(scheduler.reserve.remote(3))) == 3  # the 2 free slots, then one of the job's
@@ -246,14 +256,11 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)
     try:
         assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # the job starts on a
-        argv = job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
-                                                    str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1"]
+        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000)
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "suspended", ENV, "cifar10"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
-            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
-            time.sleep(0.2)
+        wait_for_step(status, 3, deadline)
         assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # every slot of the job: it is suspended
         while status()["state"] != "queued":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
@@ -292,14 +299,11 @@ def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says
     scheduler = launch(str(tmp_path / "state"), Newest(), 0.5)
     try:
         assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # one node of 2 slots left
-        argv = job_argv(tmp_path / "old", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
-                                                   str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1"]
+        argv = resumable_argv(tmp_path / "old", 4, tmp_path / "ckpt", 1000)
         old = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "old", ENV))
         status = lambda job: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status(old)["live"] or {}).get("progress") or {}).get("step", 0) < 3:
-            assert time.monotonic() < deadline, f"no 3 steps: {status(old)}"
-            time.sleep(0.2)
+        wait_for_step(lambda: status(old), 3, deadline)
         new = ray.get(scheduler.submit.remote(job_argv(tmp_path / "new", 2), 2, 1, 2, "new", ENV))
         while status(old)["state"] != "queued":
             assert time.monotonic() < deadline + 60, f"not suspended: {status(old)}"
@@ -362,9 +366,7 @@ def test_a_job_without_a_checkpoint_folder_resumes_from_the_clusters(cluster, tm
         job = ray.get(scheduler.submit.remote([str(script)], 2, 1, 1, "slow", ENV))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
-            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
-            time.sleep(0.2)
+        wait_for_step(status, 3, deadline)
         assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # suspends the job
         while status()["state"] != "queued":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"

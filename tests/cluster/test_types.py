@@ -13,7 +13,7 @@ from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext import determinism
 from support.jobs import run_job
-from test_scheduler import ENV, job_argv, stop
+from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
 
 pytestmark = pytest.mark.multiprocess
 
@@ -74,15 +74,11 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)  # elastic: it takes what there is
     try:
         assert ray.get(scheduler.reserve.remote(2, a100)) == [a100, a100]  # the job starts on the t4 node
-        argv = job_argv(tmp_path / "hash", 4)[:-4] + ["--steps", "12", "--step-sleep", "0.3", "--ckpt-dir",
-                                                    str(tmp_path / "ckpt"), "--ckpt-every", "1000", "--resume", "1",
-                                                    "--level", "D2"]
+        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000) + ["--level", "D2"]
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "moved", ENV, "cifar10", None, "D2"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
-        while ((status()["live"] or {}).get("progress") or {}).get("step", 0) < 3:
-            assert time.monotonic() < deadline, f"no 3 steps: {status()}"
-            time.sleep(0.2)
+        wait_for_step(status, 3, deadline)
         assert status()["nodes"] == [t4, t4]
         assert ray.get(scheduler.reserve.remote(2, t4)) == [t4, t4]  # suspends it
         while status()["state"] != "queued":
