@@ -4,14 +4,16 @@
 `cluster start` without --address starts Ray on this machine (on loopback: a head, and a node per entry of
 --slots, each of its type) and the scheduler; with --address it joins an existing Ray cluster (`ray start --head` and
 `ray start --address` on the machines, or KubeRay) and starts the scheduler there. The other commands
-reach the scheduler through Ray; the cluster's address and state folder are kept in $EASYSCALE_HOME
-(default ~/.easyscale).
+reach the scheduler through Ray (`status` reads the scheduler's job table instead, where it is on this machine and
+fresh); the cluster's address and state folder are kept in $EASYSCALE_HOME (default ~/.easyscale).
 """
 import argparse
 import json
 import os
 import secrets
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from .main import UsageError
 
 
 SHOWN_ENDED = 10  # jobs that ended shown by `status` without --all
+FRESH_S = 3.0  # `status` reads the job table if the scheduler described the cluster there within this many seconds
 
 
 def home() -> str:
@@ -327,12 +330,43 @@ def submit(args) -> int:
     return 0
 
 
+def _from_table(saved: dict, job_id, ended):
+    """(nodes, jobs) as `status` shows them, read from the scheduler's job table if the scheduler runs on this
+    machine and described the cluster there lately (within FRESH_S); else None (ask it through Ray, which also
+    says what is wrong when it does not run)."""
+    from ..cluster.jobtable import JobTable
+
+    path = os.path.join(saved["state"], "jobs.sqlite")
+    if not os.path.exists(path) or _ended(saved):
+        return None
+    try:
+        table = JobTable(path, read_only=True)
+        described = table.described()
+        if described is None or described["host"] != socket.gethostname() or \
+                not os.path.exists(f"/proc/{described['pid']}") or time.time() - described["time"] > FRESH_S:
+            return None
+        jobs = table.shown(job_id, ended)
+    except sqlite3.Error:  # a table of an older scheduler: ask it
+        return None
+    if job_id and not jobs:
+        raise UsageError(f"no job {job_id!r}: `easyscale status` lists the cluster's jobs")
+    for job in jobs:
+        if job["state"] != "running":  # its last answer is history
+            job["live"] = None
+    return described["nodes"], jobs
+
+
 def status(args) -> int:
-    ray, scheduler = _connect(_saved())
-    jobs = _call(ray, scheduler.status.remote(args.job, None if args.all else SHOWN_ENDED))
+    saved = _saved()
+    ended = None if args.all else SHOWN_ENDED
+    shown = _from_table(saved, args.job, ended)
+    if shown is None:
+        ray, scheduler = _connect(saved)
+        shown = _call(ray, scheduler.nodes.remote()), _call(ray, scheduler.status.remote(args.job, ended))
+    nodes, jobs = shown
     if not args.job:
         print(f"{'node':<10} {'type':<8} {'slots':>5} {'reserved':>8} {'held':>5}")
-        for node in _call(ray, scheduler.nodes.remote()):
+        for node in nodes:
             print(f"{node['node'][:8]:<10} {node['type']:<8} {node['slots']:>5} {node['reserved']:>8} "
                   f"{node['held']:>5}")
         print()

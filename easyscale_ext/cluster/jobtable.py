@@ -1,8 +1,11 @@
 """The cluster's job table: one SQLite file in the cluster's state folder, so that a scheduler that
 restarts (`cluster stop`/`start`, or its actor crashing) finds its jobs, their allocations over time and the
-cluster's reserved slots again."""
+cluster's reserved slots again. The scheduler also keeps there what `easyscale status` shows (each running job's
+last answer from its supervisor, the nodes, when it last looked), so that `status` on the head reads one file
+instead of joining Ray (SQLite's WAL: a reader never blocks the scheduler)."""
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -10,21 +13,33 @@ import uuid
 from typing import List, Optional
 
 STATES = ("queued", "running", "finished", "failed", "cancelled")
-_JSON = ("argv", "env", "nodes")
+_JSON = ("argv", "env", "nodes", "live")
 _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TEXT", "virtual_workers": "INTEGER",
             "min_procs": "INTEGER", "max_procs": "INTEGER", "state": "TEXT", "submitted": "REAL", "started": "REAL",
             "finished": "REAL", "exit_code": "INTEGER", "nodes": "TEXT", "log_dir": "TEXT", "application": "TEXT",
-            "batch_size": "INTEGER", "note": "TEXT"}  # note: why a job waits in the queue again (suspended, ...)
+            "batch_size": "INTEGER", "note": "TEXT",  # note: why a job waits in the queue again (suspended, ...)
+            "live": "TEXT", "step_s": "REAL"}  # a running job's supervisor's last answer, and seconds per step
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",
            "CREATE TABLE IF NOT EXISTS reservations (id TEXT PRIMARY KEY, node TEXT)",
+           # the nodes as the scheduler last saw them, when, and which process it is: a reader knows how fresh the
+           # table is and whether its writer lives
+           "CREATE TABLE IF NOT EXISTS cluster (id INTEGER PRIMARY KEY CHECK (id = 0), time REAL, nodes TEXT, "
+           "host TEXT, pid INTEGER)",
            # rounds and `status` read live jobs: an index keeps that quick however many jobs have ended
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted)")
 
 
 class JobTable:
-    def __init__(self, path: str):
+    def __init__(self, path: str, read_only: bool = False):
+        """The table at `path`, created if need be; with `read_only`, an existing one, opened for reading only
+        (`easyscale status`)."""
+        if read_only:
+            self.db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.lock = threading.Lock()
+            return
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)  # autocommit
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")  # readers (status) never block the scheduler's writes
@@ -50,11 +65,17 @@ class JobTable:
     def update(self, job_id: str, **fields) -> None:
         values = [json.dumps(v) if k in _JSON else v for k, v in fields.items()]
         with self.lock:
-            self.db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-                            values + [job_id])
-            if "nodes" in fields:
-                self.db.execute("INSERT INTO allocations VALUES (?, ?, ?)",
-                                (time.time(), job_id, json.dumps(fields["nodes"])))
+            self.db.execute("BEGIN")  # a job's slots and the timeline's entry for them: both or neither
+            try:
+                self.db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
+                                values + [job_id])
+                if "nodes" in fields:
+                    self.db.execute("INSERT INTO allocations VALUES (?, ?, ?)",
+                                    (time.time(), job_id, json.dumps(fields["nodes"])))
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
 
     def get(self, job_id: str) -> Optional[dict]:
         with self.lock:
@@ -66,6 +87,16 @@ class JobTable:
             rows = self.db.execute(f"SELECT * FROM jobs WHERE state IN ({', '.join('?' * len(states))}) "
                                    "ORDER BY submitted", tuple(states)).fetchall()
         return [_decode(r) for r in rows]
+
+    def shown(self, job_id: Optional[str] = None, ended: Optional[int] = None) -> List[dict]:
+        """What `status` shows: the job `job_id` (none if there is no such job), or the live jobs and the `ended`
+        that ended last (None: every job), in submission order."""
+        if job_id:
+            job = self.get(job_id)
+            return [job] if job else []
+        if ended is None:
+            return self.list()
+        return sorted(self.list(("queued", "running")) + self.ended(ended), key=lambda j: j["submitted"])
 
     def ended(self, limit: int) -> List[dict]:
         """The `limit` jobs that ended last (finished, failed or cancelled), in submission order."""
@@ -95,6 +126,19 @@ class JobTable:
         """(id, node) of every reserved slot."""
         with self.lock:
             return [tuple(r) for r in self.db.execute("SELECT id, node FROM reservations ORDER BY id")]
+
+
+    def describe(self, nodes: List[dict]) -> None:
+        """The nodes as the scheduler (this process) sees them now (each: node, type, slots, reserved, held)."""
+        with self.lock:
+            self.db.execute("INSERT OR REPLACE INTO cluster VALUES (0, ?, ?, ?, ?)",
+                            (time.time(), json.dumps(nodes), socket.gethostname(), os.getpid()))
+
+    def described(self) -> Optional[dict]:
+        """The scheduler's last `describe` (time, nodes, host, pid), or None if it never did."""
+        with self.lock:
+            row = self.db.execute("SELECT time, nodes, host, pid FROM cluster WHERE id = 0").fetchone()
+        return dict(row, nodes=json.loads(row["nodes"])) if row else None
 
 
 def _decode(row) -> dict:

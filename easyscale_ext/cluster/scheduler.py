@@ -90,6 +90,7 @@ class Scheduler:
         self.followed: Dict[str, float] = {}  # job id -> when its model last followed it
         self.last_step: Dict[str, tuple] = {}  # job id -> (time, step) of its last progress report
         self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
+        self.answers: Dict[str, dict] = {}  # job id -> its supervisor's last answer, as the job table has it
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
         self.placing: Dict[ray.ObjectRef, tuple] = {}  # supervisors' place() calls not known to have succeeded
         # yet -> (job id, whether it was the job's first)
@@ -199,13 +200,9 @@ class Scheduler:
 
     def status(self, job_id: Optional[str] = None, ended: Optional[int] = None) -> List[dict]:
         """The job `job_id`, or the live jobs and the `ended` that ended last (None: every job)."""
-        if job_id:
-            jobs = [self._job(job_id)]
-        elif ended is None:
-            jobs = self.table.list()
-        else:
-            jobs = self.table.list(("queued", "running")) + self.table.ended(ended)
-            jobs.sort(key=lambda j: j["submitted"])
+        jobs = self.table.shown(job_id, ended)
+        if job_id and not jobs:
+            self._job(job_id)  # raises: no such job
         for job in jobs:
             supervisor, job["live"] = self.supervisors.get(job["id"]), None
             if supervisor and job["state"] == "running":
@@ -213,7 +210,6 @@ class Scheduler:
                     job["live"] = ray.get(supervisor.status.remote())
                 except ray.exceptions.RayActorError:  # the job ended in the meantime: the next call says so
                     pass
-            job["step_s"] = self.step_s.get(job["id"])
         return jobs
 
     def nodes(self) -> List[dict]:
@@ -312,12 +308,16 @@ class Scheduler:
                     log.exception("scheduling round failed")
                 self.rounds.append(time.perf_counter() - start)
                 next_round = time.monotonic() + self.round_s
-                continue
+            else:
+                try:
+                    with self.lock:
+                        self._follow(time.time(), models=False)
+                except Exception:  # as a round's
+                    log.exception("looking for jobs that ended failed")
             try:
-                with self.lock:
-                    self._follow(time.time(), models=False)
-            except Exception:  # as a round's
-                log.exception("looking for jobs that ended failed")
+                self.table.describe(self.nodes())  # `easyscale status` reads it, and when
+            except Exception:  # a node list Ray could not give: the next second tries again
+                log.exception("describing the cluster failed")
 
     def _round(self) -> None:
         done, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=0)
@@ -391,7 +391,7 @@ class Scheduler:
             except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
                 self.supervisors.pop(job_id)
                 self._requeue_orphan(job_id)
-                for table in (self.followed, self.last_step):
+                for table in (self.followed, self.last_step, self.answers):
                     table.pop(job_id, None)
                 continue
             if state["done"] is not None:
@@ -409,10 +409,13 @@ class Scheduler:
                     self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
                                       exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])
                     self.models.pop(job_id, None)
-                for table in (self.supervisors, self.followed, self.last_step):
+                for table in (self.supervisors, self.followed, self.last_step, self.answers):
                     table.pop(job_id, None)
                 continue
             progress, model = state["progress"], self.models.get(job_id)
+            if state != self.answers.get(job_id):  # what `status` shows of it
+                self.table.update(job_id, live=state, step_s=self.step_s.get(job_id))
+                self.answers[job_id] = state
             if model is None or not models:
                 continue
             done = step_s = None
@@ -421,6 +424,7 @@ class Scheduler:
                 last = self.last_step.get(job_id)
                 if last and progress["step"] > last[1]:
                     step_s = self.step_s[job_id] = (progress["time"] - last[0]) / (progress["step"] - last[1])
+                    self.table.update(job_id, step_s=step_s)
                 self.last_step[job_id] = (progress["time"], progress["step"])
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now

@@ -82,6 +82,13 @@ def test_the_readme_commands_run_their_job_and_jobs_keep_their_fixed_bits(easysc
     assert len(digests) == 2 and digests[0] == digests[1]
     for table in (easyscale("status").stdout, easyscale("status", "--all").stdout):
         assert all(re.search(rf"^{job}\s+finished", table, re.M) for job in jobs), table
+    # On the head, `status` reads the scheduler's job table: it does not join Ray (most of its second went there)
+    probe = ("import sys; from easyscale_ext.cli.main import main; code = main(['status']); "
+             "assert 'ray' not in sys.modules, 'status joined Ray'; sys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env=dict(os.environ, EASYSCALE_HOME=str(tmp_path / "home")))
+    assert out.returncode == 0 and all(re.search(rf"^{job}\s+finished", out.stdout, re.M) for job in jobs), \
+        out.stdout + out.stderr
     out = easyscale("cluster", "reserve", "1")
     assert out.returncode == 0 and "reserved 1 slots on 1x " in out.stdout, out.stderr
     assert re.search(r"^\S+\s+t4\s+2\s+1\s+0$", easyscale("status").stdout, re.M)  # node, type, slots, reserved, held
@@ -135,7 +142,9 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
         kill = (f"import ray; ray.init(address={saved['address']!r}, namespace='easyscale'); "
                 "ray.kill(ray.get_actor('scheduler'))")
         assert subprocess.run([sys.executable, "-c", kill], env=env, timeout=120).returncode == 0
-        out = easyscale("status")
+        deadline = time.monotonic() + 10  # the killed actor's process exits (until then its table may be read)
+        while (out := easyscale("status")).returncode == 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert out.returncode == 2 and "but the cluster's scheduler does not: start it again with " \
             "`easyscale cluster start`" in out.stderr and "Failed to look up" not in out.stderr, out.stderr
         out = easyscale("cluster", "start")
