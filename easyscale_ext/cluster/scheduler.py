@@ -88,7 +88,8 @@ class Scheduler:
         self.apps = Applications(data_dir(data))
         self.models: Dict[str, object] = {}  # job id -> the policy's model of it (sched.live)
         self.followed: Dict[str, float] = {}  # job id -> when its model last followed it
-        self.last_step: Dict[str, tuple] = {}  # job id -> (time, step) of its last progress report
+        self.last_step: Dict[str, tuple] = {}  # job id -> (time, step, its members' nodes if its model's) of its last
+        # progress report
         self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
         self.answers: Dict[str, dict] = {}  # job id -> its supervisor's last answer, as the job table has it
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
@@ -421,11 +422,16 @@ class Scheduler:
             done = step_s = None
             if progress:
                 done = progress["step"] / progress["total"] if progress.get("total") else None
+                # A speed is the model's only if measured on the slots its model holds, all along: not while
+                # joiners prepare for a move (the model holds the new slots already; a policy that read the old
+                # slots' speed as the new ones' would move the job back), nor across a scale event.
+                held = sorted(state["nodes"]) if sorted(state["nodes"]) == sorted(self.table.get(job_id)["nodes"]) \
+                    else None
                 last = self.last_step.get(job_id)
-                if last and progress["step"] > last[1]:
+                if held and last and last[2] == held and progress["step"] > last[1]:
                     step_s = self.step_s[job_id] = (progress["time"] - last[0]) / (progress["step"] - last[1])
                     self.table.update(job_id, step_s=step_s)
-                self.last_step[job_id] = (progress["time"], progress["step"])
+                self.last_step[job_id] = (progress["time"], progress["step"], held)
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now
 

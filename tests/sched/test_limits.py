@@ -104,3 +104,16 @@ def test_the_old_nonpreemptive_name_still_works_and_says_what_replaced_it():
     with pytest.warns(DeprecationWarning, match=r"Limits\(policy, preempt=False\)"):
         policy = NonPreemptive(Fixed({"new": (0, 0, 1)}))
     assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,)}
+
+
+@pytest.mark.parametrize("policy", ["pollux", "sia", "ours"])
+def test_a_real_job_keeps_its_batch_whatever_the_policy_would_tune(policy):
+    """A real job's global batch is its virtual workers' micro-batches, fixed (they keep its bits): a policy that
+    tunes batches models it, and the simulation of the cluster runs it, at that batch."""
+    from easyscale_ext.sched.models.job import AppJob, VirtualWorkerJob
+
+    app = Applications(data_dir())["yolov3"]
+    free = live.job_model("j", 0.0, 4, 4, app, policy=POLICIES[policy](0))
+    held = live.job_model("j", 0.0, 4, 4, app, policy=Limits(POLICIES[policy](0)))
+    assert type(free) is AppJob  # the policy alone would tune it: the test can fail
+    assert isinstance(held, VirtualWorkerJob) and held.spec.batch_size == 4 * (app.init_batch_size // 4)

@@ -3,6 +3,8 @@ running jobs kept running.
 
 `Limits(policy)` repairs the wrapped policy's decision; the cluster scheduler and the simulator (to compare a real
 run with its simulation) run the same repaired decisions:
+- each job keeps its own global batch (a policy that tunes batches, as Pollux and Sia do, cannot change a real
+  job's: it models the job at its batch);
 - each job holds between its minimum and maximum slots (`limits`, per job; default 1 and unbounded); an
   allocation above the maximum keeps its first slots, one below the minimum is no allocation (for a running job,
   a preemption: the cluster suspends it to a checkpoint, and it resumes wherever it gets slots later);
@@ -20,8 +22,13 @@ class Limits:
         self.policy, self.preempt = policy, preempt
         self.limits = {}  # job name -> (min GPUs, max GPUs)
 
-    def __getattr__(self, name):  # the wrapped policy's flags and batch sizes, whatever they are
+    def __getattr__(self, name):  # the wrapped policy's flags, whatever they are
         return getattr(self.policy, name)
+
+    def batch_size(self, spec, app):
+        """The job's own: a real job keeps the global batch it was submitted with (its virtual workers and their
+        micro-batches, which keep its bits), so a policy that would tune it models it at that batch."""
+        return spec.batch_size
 
     def optimize(self, now, jobs, cluster, allocations):
         jobs = list(jobs)
