@@ -9,14 +9,19 @@ every --gap seconds. The simulation's costs come from a separate calibration run
 compared): a job's first start (allocation to its first step), the in-place pause of a scale event, the joiners'
 preparation of a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to
 its processes' exit: it holds its slots until then), a suspension (the decision to the slots given back) and a
-resume (allocation to the first step after it); each job's length (its steps as a share of the application's
-epoch) is the simulator's slowdown, and a round starts at each arrival, as the scheduler does on a submission.
-Both drivers run the policy as it is, held to each job's limits (policies.limits): preemptions are suspensions.
+resume (allocation to the first step after it), and how many starts go at full speed at once (starts that
+overlap share this machine's cores: SimConfig.parallel_starts, fitted with each start's full-speed cost); each
+job's length (its steps as a share of the application's epoch) is the simulator's slowdown, and a round starts at
+each arrival, as the scheduler does on a submission. Both drivers run the policy as it is, held to each job's limits
+(policies.limits: a job keeps its batch; preemptions are suspensions).
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
+    python bench/bench_cluster.py --costs costs.json --keep runs/  # keep the calibration, the runs' state and results
 """
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import sys
@@ -29,7 +34,8 @@ APPS = ("imagenet", "yolov3", "deepspeech2", "bert")
 TYPES = ("t4", "a100")
 POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
 VIRTUAL_WORKERS, SLOTS = 4, 4
-COSTS = ("start", "pause", "join", "exit", "suspend", "resume")  # measured: (processes started, seconds) each
+COSTS = ("start", "pause", "join", "exit", "suspend", "resume")  # measured: (processes started, seconds, when) each
+STARTS = ("start", "resume", "join")  # the costs that start processes: they share this machine's cores
 
 
 def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None):
@@ -79,41 +85,51 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
         with open(os.path.join(work, policy, f"steps{i}.log")) as f:
             rows = [tuple(map(float, line.split())) for line in f]
         held = sorted((s + t0, e + t0, n) for (name, s, e, n) in result.segments if name == job["id"])
-        costs["start"].append((held[0][2], rows[0][2] - held[0][0]))
-        costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3]))
+        costs["start"].append((held[0][2], rows[0][2] - held[0][0], held[0][0]))
+        costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3], rows[-1][3]))
         usual = statistics.median(b[2] - a[3] for a, b in zip(rows, rows[1:]) if a[1] == b[1])
-        costs["pause"] += [(0, b[2] - a[3] - usual) for a, b in zip(rows, rows[1:])
+        costs["pause"] += [(0, b[2] - a[3] - usual, a[3]) for a, b in zip(rows, rows[1:])
                            if a[1] != b[1] and b[2] - a[3] < 5]
         for (_, end, before), (at, _, after) in zip(held, held[1:]):
             first = next((r for r in rows if r[2] >= at), None)
             if at - end > 0.5 and first:  # it held nothing between: a suspension, then a resume
-                costs["resume"].append((after, first[2] - at))
+                costs["resume"].append((after, first[2] - at, at))
                 if reserved is not None and end > reserved:
-                    costs["suspend"].append((0, end - reserved))
+                    costs["suspend"].append((0, end - reserved, reserved))
             elif after > before:  # a growth in place: from the allocation to the joiners' admission
                 grown = next((k for k, r in enumerate(rows) if r[1] == after and r[2] >= at), None)
                 if grown:
-                    costs["join"].append((after - before, rows[grown - 1][3] - at))
+                    costs["join"].append((after - before, rows[grown - 1][3] - at, at))
     return result, rounds, digests, costs
 
 
 def calibrated(measured) -> dict:
-    """The simulator's costs from the calibration's events: a process start's share (the slope of a line fitted
-    to first starts by processes: on this machine they share two cores), and each cost's median, less that share
-    per process it started."""
+    """The simulator's costs from the calibration's events. Starts (first starts, resumes, growths) that overlap
+    share this machine (SimConfig.parallel_starts): each start's share is the starts under way with it, averaged
+    over its duration (itself included); `parallel_starts` is the count that fits the starts best (least squares of
+    the log), each start cost its median at full speed; the other costs are medians."""
     import numpy as np
 
-    starts = np.array(measured["start"], dtype=float)
-    per_process = max(float(np.polyfit(starts[:, 0], starts[:, 1], 1)[0]), 0.0) if len(set(starts[:, 0])) > 1 \
-        else 0.0
-    costs = {c: max(statistics.median(s - per_process * k for k, s in v), 0.0) if v else 0.0
-             for c, v in measured.items()}
-    return dict(costs, per_process=per_process)
+    starts = [(kind, s, at) for kind in STARTS for _, s, at in measured[kind] if s > 0]
+
+    def sharing(at, seconds):  # starts under way, on average over [at, at + seconds]
+        return sum(max(min(at + seconds, a + s) - max(at, a), 0.0) for _, s, a in starts) / seconds
+
+    shared = [(kind, s, sharing(at, s)) for kind, s, at in starts]
+
+    def fit(parallel):
+        full = {kind: statistics.median([s / max(1.0, k / parallel) for c, s, k in shared if c == kind] or [0.0])
+                for kind in STARTS}
+        error = sum((np.log(s) - np.log(max(full[c] * max(1.0, k / parallel), 1e-3))) ** 2 for c, s, k in shared)
+        return error, full
+
+    parallel = min(np.arange(1.0, 16.25, 0.25), key=lambda p: fit(p)[0]) if shared else 0.0
+    costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()}
+    return dict(costs, **(fit(parallel)[1] if shared else {}), parallel_starts=float(parallel))
 
 
 def simulate_run(policy, result, steps, scale, round_s, costs):
     from easyscale_ext.sched import live
-    from easyscale_ext.sched.metrics import summarize
     from easyscale_ext.sched.models.application import Applications
     from easyscale_ext.sched.models.cluster import Cluster
     from easyscale_ext.sched.models.traces import data_dir
@@ -130,10 +146,9 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
-                       suspend_s=costs["suspend"], start_per_process_s=costs["per_process"], rounds_at_arrivals=True,
+                       suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"], rounds_at_arrivals=True,
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
-    simulated = simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
-    return summarize(simulated, cluster.total_gpus)
+    return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 
 
 def main():
@@ -148,6 +163,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="runs of each policy; the table gives medians")
     ap.add_argument("--calibration-policy", default="easyscale-heter",
                     help="the calibration run's policy (it should grow jobs in place)")
+    ap.add_argument("--costs", help="a JSON file of measured costs: read if it exists (no calibration run), else "
+                    "written after the calibration run")
+    ap.add_argument("--keep", help="a folder to keep the runs in (state, logs, each run's real and simulated results "
+                    "as JSON) instead of a temporary one")
     args = ap.parse_args()
     from easyscale_ext.cluster.local import LocalCluster
     from easyscale_ext.sched.metrics import summarize
@@ -161,11 +180,19 @@ def main():
     policies = args.policies.split(",")
     runs, digests = {p: [] for p in policies}, set()  # policy -> a row per run
     try:
-        with tempfile.TemporaryDirectory() as work:
-            *_, hashes, measured = run_for_real(args.calibration_policy, trace, args.steps, args.time_scale, args.round,
-                                                os.path.join(work, "calibration"),
-                                                suspend_all_at=args.gap * args.jobs / 2)
-            digests |= hashes
+        kept = contextlib.nullcontext(os.path.abspath(args.keep)) if args.keep else tempfile.TemporaryDirectory()
+        with kept as work:
+            if args.costs and os.path.exists(args.costs):
+                with open(args.costs) as f:
+                    measured = {c: [tuple(e) for e in v] for c, v in json.load(f).items()}
+            else:
+                *_, hashes, measured = run_for_real(args.calibration_policy, trace, args.steps, args.time_scale,
+                                                    args.round, os.path.join(work, "calibration"),
+                                                    suspend_all_at=args.gap * args.jobs / 2)
+                digests |= hashes
+                if args.costs:
+                    with open(args.costs, "w") as f:
+                        json.dump(measured, f)
             costs, counts = calibrated(measured), {c: len(v) for c, v in measured.items()}
             print(f"calibration ({args.calibration_policy}): {costs} from {counts} events", file=sys.stderr)
             for run in range(args.runs):
@@ -174,7 +201,11 @@ def main():
                                                              os.path.join(work, str(run)))
                     digests |= hashes
                     real = summarize(result, len(TYPES) * SLOTS)
-                    sim = simulate_run(policy, result, args.steps, args.time_scale, args.round, costs)
+                    simulated = simulate_run(policy, result, args.steps, args.time_scale, args.round, costs)
+                    sim = summarize(simulated, len(TYPES) * SLOTS)
+                    if args.keep:
+                        with open(os.path.join(work, str(run), f"{policy}.json"), "w") as f:
+                            json.dump({"real": result.to_json(), "simulated": simulated.to_json()}, f)
                     runs[policy].append((real["avg_jct"], sim["avg_jct"], sim["avg_jct"] / real["avg_jct"],
                                          real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds)))
                     print(f"run {run + 1}, {policy}: sim / real {runs[policy][-1][2]:.2f}", file=sys.stderr,
@@ -183,7 +214,8 @@ def main():
         cluster.shutdown()
     print("Calibration run (" + args.calibration_policy + ", every slot reserved for 5 s halfway): medians, s: "
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
-          + f"; and {costs['per_process']:.2f} per process a start, resume or growth starts\n")
+          + f" (start, resume and join at full speed); {costs['parallel_starts']:g} starts at once go at full speed, "
+          "more share the machine\n")
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
           "| round median / max (s) |")

@@ -40,8 +40,9 @@ class SimConfig:
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
-    start_per_process_s: float = 0.0  # each process a (re)start or an in-place growth starts adds this much (processes
-    # that start together share CPUs: cluster mode on one machine)
+    parallel_starts: float = 0.0  # starts (a job's first start or a resume, its joiners preparing) that go at full
+    # speed at once; k > that each go at parallel_starts / k (0: no limit). Cluster mode on one machine: every start
+    # shares its few cores
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
@@ -109,8 +110,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             step = config.round_s
             if config.rounds_at_arrivals and arrived < len(jobs):
                 step = min(step, jobs[arrived].arrival - now)
-            for job in running.values():
-                job.advance(now, step)
+            _advance(running.values(), now, step, config.parallel_starts)
             now += step
         while arrived < len(jobs) and jobs[arrived].arrival <= now:
             job = jobs[arrived]
@@ -140,11 +140,11 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             delay = reallocation_cost(job, old, alloc, cluster, config, in_place) if alloc else 0.0
             gained = Counter(alloc) - Counter(old)
             wait = config.suspend_s if suspended.keys() & gained.keys() else 0.0  # until the preempted job left
-            prepare = config.join_s + config.start_per_process_s * sum(gained.values()) + wait
+            prepare = config.join_s + wait
             if in_place and old and alloc and prepare and gained:
                 job.allocate_after(cluster.groups(alloc), delay, prepare)  # joiners start first
             else:
-                job.allocate(cluster.groups(alloc), delay + wait)
+                job.allocate(cluster.groups(alloc), delay + wait, starts=not (in_place and old))
             _close(segments, opened, name, now)
             if alloc:
                 running[name] = job
@@ -164,6 +164,20 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                                  f"{idle} rounds and no job is left to arrive: they would never finish")
     return Result(policy.name, cluster.spec, asdict(config), sorted(records, key=lambda r: (r["arrival"], r["name"])),
                   {"time": times, "gpus": gpus_used, "active": num_active}, segments)
+
+
+def _advance(jobs, now, seconds, parallel):
+    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, more starts at once than that share the
+    machine, each at parallel / k of its speed; the share changes only where a start ends, so the span is cut there."""
+    while True:
+        starting = sum(j.starting for j in jobs) if parallel else 0
+        rate = min(1.0, parallel / starting) if starting else 1.0
+        span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.starting])
+        for job in jobs:
+            job.advance(now, span, rate)
+        now, seconds = now + span, seconds - span
+        if seconds <= 1e-9:
+            return
 
 
 def validate(specs, policy, cluster):

@@ -55,10 +55,6 @@ def test_the_cost_depends_on_how_the_job_runs_not_on_the_policy(apps):
     assert reallocation_cost(job, (0, 0), (0, 0, 0, 0), CLUSTER, SIA_RESTARTS, in_place=False) == 250
     assert reallocation_cost(job, (), (0, 0), CLUSTER, CONFIG, in_place=True) == 30.0
     assert reallocation_cost(job, (0, 0), (0,), CLUSTER, CONFIG, in_place=True) < 0.2
-    # Processes that start together share one machine's CPUs (cluster mode's benchmark): a start costs per process.
-    shared = replace(CONFIG, start_per_process_s=2.0)
-    assert reallocation_cost(job, (), (0, 0, 1), CLUSTER, shared, in_place=True) == 36.0
-    assert reallocation_cost(job, (0, 0), (0,), CLUSTER, shared, in_place=True) < 0.2  # in place: no process starts
 
 
 class Resizer(FifoPolicy):

@@ -30,6 +30,7 @@ class Job:
         self.placement = ()  # GPUs on each node it holds, all types
         self.gpu_type = None  # the GPU type it runs on; None if none or several
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
+        self.delay_starts = False  # that delay starts processes (a first start, a resume): starts share the machine
         self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
         self.joining = None  # (groups, pause, seconds left): new processes preparing to join (allocate_after)
@@ -46,10 +47,21 @@ class Job:
     def restarts(self) -> int:
         return max(self.starts - 1, 0)
 
-    def allocate(self, groups, delay):
+    @property
+    def starting(self) -> bool:
+        """Whether the job is starting processes now (its first start or a resume, or joiners preparing)."""
+        return self.joining is not None or self.delay_starts and self.delay_left > 0
+
+    @property
+    def start_left(self) -> float:
+        """Seconds of that start still to pass at full speed."""
+        return self.joining[2] if self.joining is not None else self.delay_left
+
+    def allocate(self, groups, delay, starts: bool = False):
         """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
-        seconds."""
+        seconds (with `starts`: its processes start meanwhile)."""
         self.joining = None
+        self.delay_starts = starts
         self.groups = {t: tuple(p) for t, p in groups.items() if p}
         self.placement = sum(self.groups.values(), ())
         self.gpu_type = next(iter(self.groups)) if len(self.groups) == 1 else None
@@ -65,25 +77,28 @@ class Job:
         while the job trains on its current GPUs, holding the new ones), then pause `delay` seconds."""
         self.joining = (groups, delay, prepare_s)
 
-    def advance(self, now, seconds):
-        """Let `seconds` pass from time `now`."""
+    def advance(self, now, seconds, start_rate=1.0):
+        """Let `seconds` pass from time `now`; a start in progress goes at `start_rate` of its full speed (the
+        starts at once share the machine: SimConfig.parallel_starts)."""
         if self.joining is not None:
             groups, delay, left = self.joining
-            first = min(left, seconds)
+            first = min(left / start_rate, seconds)
             self._advance(now, first)
             self.attained += first * (sum(sum(p) for p in groups.values()) - self.num_gpus)  # held, not yet used
-            if first < left or self.completion is not None:
-                self.joining = (groups, delay, left - first) if self.completion is None else None
+            left = _left(left, first * start_rate)
+            if left or self.completion is not None:
+                self.joining = (groups, delay, left) if self.completion is None else None
                 return
             self.allocate(groups, delay)
             now, seconds = now + first, seconds - first
-        self._advance(now, seconds)
+        self._advance(now, seconds, start_rate)
 
-    def _advance(self, now, seconds):
+    def _advance(self, now, seconds, start_rate=1.0):
         if self.completion is not None or not self.placement:
             return
-        used = min(self.delay_left, seconds)
-        self.delay_left -= used
+        rate = start_rate if self.delay_starts else 1.0
+        used = min(self.delay_left / rate, seconds)
+        self.delay_left = _left(self.delay_left, used * rate)
         if self.exit_left is None and seconds > used:
             used += self._work(now + used, seconds - used)
             if self.completion is not None and self.exit_s:  # its last step is done; it ends when it has exited
@@ -103,6 +118,11 @@ class Job:
     def _work(self, now, seconds) -> float:
         """Progress for up to `seconds` from `now`; set `completion` if done. Returns the seconds used."""
         raise NotImplementedError
+
+
+def _left(seconds, spent):
+    """What is left of `seconds` once `spent` has passed; none below float noise (a start that is over)."""
+    return seconds - spent if seconds - spent > 1e-9 else 0.0
 
 
 class TraceJob(Job):

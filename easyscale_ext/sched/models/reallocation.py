@@ -74,13 +74,13 @@ MODEL_STATE = {
 UNKNOWN_STATE = ModelState(110.0, 2, 0.2)  # an application not listed: BERT-base's size, Adam
 
 
-def restart_cost(job, config, gpus: int = 0) -> float:
-    """Seconds a restart-based (re)start on `gpus` GPUs costs the job: its application's, else the flat
-    `restart_s`, or `start_s` at its first start; plus `start_per_process_s` for each of its processes."""
+def restart_cost(job, config) -> float:
+    """Seconds a restart-based (re)start costs the job: its application's, else the flat
+    `restart_s`, or `start_s` at its first start."""
     own = config.restart_by_app.get(job.spec.app)
     if own:
         return own
-    return (config.restart_s if job.starts else config.start_s) + config.start_per_process_s * gpus
+    return config.restart_s if job.starts else config.start_s
 
 
 def in_place_cost(job, old, new, cluster, config) -> float:
@@ -108,7 +108,7 @@ def reallocation_cost(job, old, new, cluster, config, in_place) -> float:
     and held GPUs, else a restart."""
     if in_place and old:
         return in_place_cost(job, old, new, cluster, config)
-    return restart_cost(job, config, len(new))
+    return restart_cost(job, config)
 
 
 def _per_node(alloc) -> dict:
