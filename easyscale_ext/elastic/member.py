@@ -30,9 +30,9 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch.distributed as dist
 
 from ..placement import even_ranges, ranges_of
-from . import client, recovery, signals, state
+from . import client, faults, recovery, signals, state
 from .balance import Balancer
-from .membership import MemberLost, Membership
+from .membership import Membership
 from .scaling import ScalingDecisions
 from .state import Position
 
@@ -148,19 +148,26 @@ class ElasticMember:
             raise ValueError(f"this joining process does not hold the running job's state ({differences}): build "
                              "the same model, optimizer and LR scheduler as the members and pass them all: "
                              "member.start(ddp, optimizer, scheduler)")
+        faults.reach("registering")
         self.store.set(f"ready/{self.id}", "1")
         while True:
             self.store.append("ready", self.id + "\n")  # one atomic write: a death mid-registration leaves no gap
             self._wait_for(f"admit/{self.id}")
             generation = int(self.store.get(f"admit/{self.id}"))
+            faults.reach("admitted")
             try:
                 self.membership.enter(generation)
+                position = self._adopt(ddp, optimizer, scheduler)
                 break
-            except MemberLost:  # a member died as this generation formed: wait for the next admission
+            except Exception as error:  # a member died as this generation formed or gave it the job's state: the
+                if not recovery.lost_peer(error, self.membership, wait_s=2 * self.liveness_s):  # others go on
+                    raise  # without this process, which holds no state; it waits for the next admission
+                self.membership.leave_group()
                 self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(None))  # no state: not a survivor
                 self.store.delete_key(f"admit/{self.id}")
+                log.warning("%s: a member was lost as generation %d formed; waiting to be admitted again", self.id,
+                            generation)
         self.joining = False
-        position = self._adopt(ddp, optimizer, scheduler)
         self._boundary = (position, ddp.synced_steps)
         ddp.on_step_contexts = self._replicate
         return position
@@ -227,6 +234,7 @@ class ElasticMember:
             for who in members:
                 if who not in old:
                     self.store.set(f"admit/{who}", str(generation))
+        faults.reach("admitting")
         dist.barrier()
         if self.id not in members:
             self.membership.leave_group()
@@ -251,6 +259,7 @@ class ElasticMember:
         generation = self.generation
         step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
         ddp.process_group = dist.group.WORLD
+        faults.reach("adopting")
         ddp.broadcast_state(src=src)
         states = [state.training_state(ddp, optimizer, scheduler) if self.rank == src else None]
         dist.broadcast_object_list(states, src=src)  # pickles for us

@@ -118,6 +118,24 @@ def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
     assert _events(events)[-1][2] == 3  # a replacement joined
 
 
+@pytest.mark.parametrize("procs,schedule,victim,point", [
+    (2, "2:3", 2, "registering"),  # the joiner, prepared, before it says it is ready
+    (2, "2:3", 2, "admitted"),     # the joiner, admitted, before the new generation's group forms
+    (2, "2:3", 2, "adopting"),     # the joiner, in the state broadcast
+    (2, "2:3", 0, "admitting"),    # rank 0, once it has written the new generation and admitted the joiner
+    (2, "2:3", 1, "adopting"),     # a member, in the state broadcast
+    (3, "2:2", 0, "admitting"),    # rank 0 in a scale-in
+])
+def test_a_process_lost_at_any_point_of_a_rendezvous_never_stalls_the_job(procs, schedule, victim, point, tmp_path):
+    """The points inside the runtime (faults.py); after registering and in the first step of the new
+    generation: the kill9 tests above."""
+    from easyscale_ext.elastic.faults import FAULT_ENV
+
+    env = [{}] * 8  # the i-th process started; its replacements come later, without the fault
+    env[victim] = {FAULT_ENV: point}
+    assert run_elastic(procs, schedule, n=4, env_per_process=env, timeout=180) == reference(n=4)
+
+
 @pytest.fixture
 def member():
     """A one-process job's member in this process; the SIGTERM handler it installs is taken back after."""
