@@ -11,7 +11,8 @@ D2  D1 + one instruction set on every process: oneDNN, MKL and ATen's vector
     ATEN_CPU_CAPABILITY, which the libraries read once: they must be in the
     environment before Python starts, so launch with `environment("D2", isa)`
     merged into it (`easyscale run --level D2 --isa ...` does). A CPU below the
-    floor cannot run the job and fails at start.
+    floor cannot run the job and fails at start. Measured: the floor makes CPUs of
+    one vendor agree, not Intel and AMD (tests/runtime/test_d2_golden.py).
     GPU: D2 covers the same GPU model, driver, CUDA, cuDNN and cuBLAS versions
     on every process; it does not make different GPU architectures agree
     (kernels and their reduction orders are chosen per architecture).
