@@ -7,6 +7,7 @@ machines) is lost. The same thread cuts the current group's connections when a m
 member that stops without closing them (a lost machine, a stopped process) would otherwise fail no
 collective before the group's timeout.
 """
+import atexit
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ class Membership:
         self._beating = threading.Thread(target=self._heartbeat, args=(beat_store,), daemon=True,
                                          name="easyscale-heartbeat")
         self._beating.start()
+        atexit.register(self._stop_heartbeat)  # a script that never calls close() must not abort at its exit
 
     @property
     def rank(self) -> int:
@@ -75,11 +77,16 @@ class Membership:
         self._watch = (generation, list(self.members), sockets)
 
     def close(self) -> None:
-        """Stop the heartbeat (a thread inside the store's client at interpreter exit aborts the process)
-        and leave the group."""
+        """Stop the heartbeat and leave the group."""
+        self._stop_heartbeat()
+        atexit.unregister(self._stop_heartbeat)
+        self.leave_group()
+
+    def _stop_heartbeat(self) -> None:
+        """A thread inside the store's client when the interpreter exits aborts the process ("terminate called
+        without an active exception"): a job that finished would be reported failed."""
         self._closing.set()
         self._beating.join(timeout=2 * self.liveness_s)
-        self.leave_group()
 
     def leave_group(self) -> None:
         self._watch = None
