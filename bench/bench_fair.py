@@ -31,7 +31,7 @@ FAMILIES = {  # workload path, cluster, job model (flags of easyscale simulate),
                ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog", "pollux", "easyscale-homo", "sia",
                 "ours"]),
     "easyscale": ("easyscale/workloads/test.csv", "4x8:v100,2x8:p100,4x4:t4", SimConfig(start_s=20.0, restart_s=30.0),
-                  "--start 20 --restart 30", ["fifo-serial", "tiresias", "pollux", "easyscale-homo",
+                  "--start 20 --restart 30", ["yarn-cs", "tiresias", "pollux", "easyscale-homo",
                                               "easyscale-heter", "sia", "ours"]),
 }
 # Published average JCTs, seconds: the Pollux artifact's results-jobload/<policy>-1.0/summary.json per workload;
@@ -41,7 +41,7 @@ PUBLISHED = {
     ("pollux", "tiresias"): [2474, 5145, 3876, 3280, 3501, 3470, 5480, 5080],
     ("pollux", "optimus"): [4087, 6914, 3944, 5968, 5656, 5302, 7291, 6294],
     ("easyscale", "easyscale-heter"): [677], ("easyscale", "easyscale-homo"): [1071],
-    ("easyscale", "fifo-serial"): [8905],
+    ("easyscale", "yarn-cs"): [8905],
 }
 SIA_DRAFT = {"sia": "0.6 / 9.5 / 14.2 (mean, calibrated)", "pollux": "1.0 / 14.9 / 24.5 (mean, calibrated)"}
 # The ablation: (row, policy, in-place switch, what it assumes)

@@ -32,7 +32,7 @@ FAMILIES = {  # cluster, simulator settings, policies
     "pollux-2x": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog"] + ELASTIC),
     "sia": ("6x4:t4,2x8:a100,3x8:2080ti", SimConfig(), ["fifo", "tiresias"] + ELASTIC),
     "easyscale": ("4x8:v100,2x8:p100,4x4:t4", SimConfig(start_s=20.0, restart_s=30.0),
-                  ["fifo-serial", "tiresias"] + ELASTIC),
+                  ["yarn-cs", "tiresias"] + ELASTIC),
 }
 
 

@@ -27,7 +27,7 @@ RUNS = [("tiresias", 30.0), ("tiresias", STOP_FREE_S), ("edl", 30.0), ("edl", ST
         ("saxena-fixed", 30.0), ("saxena", 30.0)]
 HORIZONS_H = (4, 8)
 EASYSCALE_CLUSTER = "4x8:v100,2x8:p100,4x4:t4"
-EASYSCALE_RUNS = ("fifo-serial", "easyscale-homo", "easyscale-heter")
+EASYSCALE_RUNS = ("yarn-cs", "easyscale-homo", "easyscale-heter")
 EASYSCALE_LOAD = dict(jobs=80, hours=8.0)
 
 

@@ -1,7 +1,7 @@
 """`easyscale simulate`: run policies on a workload; print a table, write JSON and plots.
 
   easyscale simulate --workload FILE [--policy NAME,NAME,...|all] [--cluster SPEC] [--map APP=PROFILED]
-                     [--seed S] [--out DIR] [--calibration sia] [--in-place policy|on|off]
+                     [--seed S] [--out DIR] [--calibration sia|easyscale] [--in-place policy|on|off]
                      [--freezing job|on|off]
 
 Several policies run one process each, two at a time. Also `easyscale workload`, which draws an EasyScale-format
@@ -23,9 +23,11 @@ from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
-from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, simulate, validate
+from ..sched.simulator import EASYSCALE as EASYSCALE_MODEL
+from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, job_maker, simulate, validate
 from .main import UsageError
 
+CALIBRATIONS = {"none": SimConfig(), "sia": SIA, "sia-restarts": SIA_RESTARTS, "easyscale": EASYSCALE_MODEL}
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
 
 
@@ -48,13 +50,17 @@ def add_parser(subparsers):
     p.add_argument("--out", default=None, help="directory for the JSON results and the plots")
     p.add_argument("--data", default=None, help="trace directory (default $EASYSCALE_SCHED_DATA, else the "
                                                 "package's copy)")
-    p.add_argument("--round", type=float, default=60.0, help="seconds between scheduling rounds")
-    p.add_argument("--restart", type=float, default=30.0, help="seconds without progress after a reallocation")
+    p.add_argument("--round", type=float, default=None, help="seconds between scheduling rounds (default 60)")
+    p.add_argument("--restart", type=float, default=None,
+                   help="seconds without progress after a reallocation (default 30; 0 with --calibration easyscale)")
     p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
-                                                             "(default: --restart)")
+                                                             "(default: --restart; 20 with --calibration easyscale)")
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
-    p.add_argument("--calibration", choices=["none", "sia", "sia-restarts"], default="none",
-                   help="sia-restarts: the Sia artifact's per-application restart seconds (15-250 s) over --restart "
+    p.add_argument("--calibration", choices=list(CALIBRATIONS), default="none",
+                   help="easyscale: the EasyScale artifact's job model, for its EasyScale-format workloads "
+                        "(models/easyscale.py: jobs of epochs x 1 %% of their data set in samples, compute time "
+                        "only, a 20 s first start, free rescaling; a repeated job name keeps its last row); "
+                        "sia-restarts: the Sia artifact's per-application restart seconds (15-250 s) over --restart "
                         "and --start, for restart-based jobs; "
                         "sia: its whole job model (also jobs 1.2-1.8x slower than profiled, its calibration to its "
                         "testbed, and per-GPU batches bounded by each GPU type's own profile)")
@@ -64,9 +70,9 @@ def add_parser(subparsers):
     p.add_argument("--freezing", choices=["job", "on", "off"], default="job",
                    help="layer freezing: where a job opts in (its workload's freeze column; default), for every "
                         "job whose model family has a published timeline (on), or for none (off)")
-    p.add_argument("--intra-node-gbps", type=float, default=INTRA_NODE_GBPS,
+    p.add_argument("--intra-node-gbps", type=float, default=None,
                    help=f"GB/s between GPUs of a node, for in-place moves (default {INTRA_NODE_GBPS})")
-    p.add_argument("--inter-node-gbps", type=float, default=INTER_NODE_GBPS,
+    p.add_argument("--inter-node-gbps", type=float, default=None,
                    help=f"GB/s between nodes, for in-place moves (default {INTER_NODE_GBPS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
@@ -132,7 +138,7 @@ def stand_ins(maps) -> dict:
 
 def load(args, data, mapping) -> tuple:
     """The workload's jobs (a path, else one inside the data folder) with `mapping`'s stand-ins and a name each,
-    the names it numbered, and the stand-ins used."""
+    the names it numbered (or, with EasyScale's calibration, kept once), and the stand-ins used."""
     for path in (Path(args.workload), data / args.workload):
         try:
             specs = workload.load_workload(path, args.limit)
@@ -148,24 +154,32 @@ def load(args, data, mapping) -> tuple:
         specs, used = workload.with_stand_ins(specs, mapping)
     except ValueError as e:
         raise UsageError(f"{e}: run each as a profiled one with --map APP=PROFILED")
+    if args.calibration == "easyscale":  # its simulator keys jobs by name
+        return (*workload.last_per_name(specs), used)
     return (*workload.unique_names(specs), used)
 
 
 def run_one(name, specs, cluster, args, position=0):
     """Simulate one policy; returns (result, summary, wall seconds)."""
     apps = Applications(data_dir(args.data))
-    base = {"sia": SIA, "sia-restarts": SIA_RESTARTS}.get(args.calibration, SimConfig())
-    config = replace(base, round_s=args.round, restart_s=args.restart,
-                     start_s=args.restart if args.start is None else args.start, in_place=args.in_place,
-                     freezing=args.freezing, intra_node_gbps=args.intra_node_gbps,
-                     inter_node_gbps=args.inter_node_gbps)
+    config = sim_config(args)
     bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()
     result = simulate(specs, POLICIES[name](args.seed), cluster, apps, config, progress=bar)
     wall = time.perf_counter() - begin
     bar.close()
-    return result, summarize(result, cluster.total_gpus, isolated_runtimes(specs, apps, cluster)), wall
+    isolated = isolated_runtimes(specs, apps, cluster, job_maker(config))
+    return result, summarize(result, cluster.total_gpus, isolated), wall
+
+
+def sim_config(args) -> SimConfig:
+    """The calibration's settings, with those the command line gives over them."""
+    given = {"round_s": args.round, "restart_s": args.restart, "intra_node_gbps": args.intra_node_gbps,
+             "inter_node_gbps": args.inter_node_gbps,
+             "start_s": args.restart if args.start is None else args.start}
+    return replace(CALIBRATIONS[args.calibration], in_place=args.in_place, freezing=args.freezing,
+                   **{k: v for k, v in given.items() if v is not None})
 
 
 def _run_indexed(item):
@@ -180,8 +194,8 @@ def main(args) -> int:
     specs, renamed, used = load(args, data, mapping)
     easyscale = specs[0].virtual_workers is not None
     cluster = parse_cluster(args.cluster or (EASYSCALE if easyscale else DEFAULT))
-    runnable = choose(names, specs, cluster, args.seed)
-    describe(cluster, easyscale and not args.cluster, used, renamed)
+    runnable = choose(names, specs, cluster, args.seed, sim_config(args).job_model, Applications(data))
+    describe(cluster, easyscale and not args.cluster, used, renamed, args.calibration)
     items = [(i, n, specs, cluster, args) for i, n in enumerate(runnable)]
     if len(items) > 1:
         with multiprocessing.get_context("fork").Pool(2) as pool:
@@ -195,13 +209,13 @@ def main(args) -> int:
     return 0
 
 
-def choose(names, specs, cluster, seed) -> list:
+def choose(names, specs, cluster, seed, job_model, apps) -> list:
     """The policies `names` (or all that can run the workload on the cluster); a UsageError if one named cannot."""
     chosen = list(POLICIES) if names == ["all"] else names
     refused = {}
     for name in chosen:
         try:
-            validate(specs, POLICIES[name](seed), cluster)
+            validate(specs, POLICIES[name](seed), cluster, job_model, apps)
         except ValueError as e:
             refused[name] = str(e)
     if refused and (names != ["all"] or len(refused) == len(chosen)):
@@ -209,7 +223,7 @@ def choose(names, specs, cluster, seed) -> list:
     return [n for n in chosen if n not in refused]
 
 
-def describe(cluster, easyscale_default, used, renamed):
+def describe(cluster, easyscale_default, used, renamed, calibration):
     """Say what the run is made of beyond what was asked: the cluster always, stand-ins and new names if any."""
     room = cluster.room(cluster.gpus)
     print(f"cluster {cluster.spec}: " + " + ".join(f"{n} {t}" for t, n in room.items())
@@ -219,7 +233,9 @@ def describe(cluster, easyscale_default, used, renamed):
     if used:
         print("applications without a profile run as: " + ", ".join(f"{a} -> {b}" for a, b in used.items())
               + " (--map APP=PROFILED to change)")
-    if renamed:
+    if renamed and calibration == "easyscale":
+        print(f"repeated job names, the last row of each kept (as EasyScale's simulator does): {', '.join(renamed)}")
+    elif renamed:
         print(f"repeated job names numbered: {', '.join(renamed)}")
 
 

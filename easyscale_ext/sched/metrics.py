@@ -1,13 +1,14 @@
 """What a run achieved: JCT statistics, makespan, utilisation, reallocations, finish-time fairness."""
 import numpy as np
 
-from .models.job import isolated_runtime
+from .models.job import isolated_runtime, make_job
 
 
-def isolated_runtimes(specs, apps, cluster) -> dict:
-    """Per job, its runtime alone on the GPUs it asked for (the first node type's GPUs, packed)."""
+def isolated_runtimes(specs, apps, cluster, make=make_job) -> dict:
+    """Per job, its runtime alone on the GPUs it asked for (the first node type's GPUs, packed), under the job
+    model `make(spec, apps, batch)` makes (simulator.job_maker)."""
     per_node, gpu_type = cluster.gpus[0], cluster.types[0]
-    return {s.name: isolated_runtime(s, apps, per_node, gpu_type) for s in specs}
+    return {s.name: isolated_runtime(s, apps, per_node, gpu_type, make) for s in specs}
 
 
 def finish_time_fairness(result, isolated, total_gpus) -> np.ndarray:

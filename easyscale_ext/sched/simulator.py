@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from .models.freezing import timeline_for
+from .models.easyscale import EasyScaleJob
 from .models.job import make_job
 from .models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS, PAUSE_S, reallocation_cost
 from .models.workload import as_virtual_workers
@@ -48,6 +49,9 @@ class SimConfig:
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
     per_type_batch: bool = False  # per-GPU batches bounded by each GPU type's own profile, not by the T4's
+    job_model: str = "project"  # how jobs progress: the project's models (models/job.py), or EasyScale's artifact's
+    # ("easyscale": models/easyscale.py, its micro-batches' compute times from `easyscale_speed`, one of SPEED_SOURCES)
+    easyscale_speed: str = "mean-d2"
 
 
 # The Sia artifact's job model (sia-simulator/simulator_config.py SLOWDOWNS, applications.py): calibrated to its
@@ -59,6 +63,10 @@ SIA = SimConfig(slowdown={"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert"
                                 "ncf": 15}, per_type_batch=True)
 # Sia's per-application restart seconds alone: how its artifact costs a restart, without the testbed slowdowns.
 SIA_RESTARTS = SimConfig(restart_by_app=SIA.restart_by_app)
+# EasyScale's artifact's simulator: its job model, a one-off 20 s start, rescaling that costs nothing, 60 s rounds.
+EASYSCALE = SimConfig(job_model="easyscale", start_s=20.0, restart_s=0.0, in_place_s=0.0, intra_node_gbps=math.inf,
+                      inter_node_gbps=math.inf)
+JOB_MODELS = ("project", "easyscale")
 
 
 class InvariantError(AssertionError):
@@ -81,7 +89,7 @@ class Result:
 def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) -> Result:
     """Run `specs` (sorted by arrival) to completion under `policy`. `progress` (e.g. a tqdm bar) is
     advanced by one per finished job."""
-    validate(specs, policy, cluster)
+    validate(specs, policy, cluster, config.job_model, apps)
     if config.in_place not in IN_PLACE_MODES:
         raise ValueError(f"in_place {config.in_place!r}: expected one of {', '.join(IN_PLACE_MODES)}")
     in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
@@ -89,7 +97,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     if policy.mixes_types:  # a Pollux- or Sia-format job does not say; on this runtime it may mix types at D2
         specs = [replace(s, heterogeneous=True) if s.app and s.virtual_workers is None else s for s in specs]
-    jobs = [make_job(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
+    make = job_maker(config)
+    jobs = [make(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
         job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
@@ -166,6 +175,13 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
                   {"time": times, "gpus": gpus_used, "active": num_active}, segments)
 
 
+def job_maker(config):
+    """make(spec, apps, batch) -> the job's model under `config.job_model`."""
+    if config.job_model == "project":
+        return make_job
+    return lambda spec, apps, batch: EasyScaleJob(spec, apps[spec.app], apps.data, config.easyscale_speed)
+
+
 def _advance(jobs, now, seconds, parallel):
     """Let `seconds` pass for the jobs holding GPUs. With `parallel`, more starts at once than that share the
     machine, each at parallel / k of its speed; the share changes only where a start ends, so the span is cut there."""
@@ -180,11 +196,21 @@ def _advance(jobs, now, seconds, parallel):
             return
 
 
-def validate(specs, policy, cluster):
-    """A ValueError if `policy` cannot run `specs` on `cluster`, saying why; before anything is simulated."""
+def validate(specs, policy, cluster, job_model="project", apps=None):
+    """A ValueError if `policy` cannot run `specs` on `cluster` under `job_model` (EasyScale's needs `apps`), saying
+    why; before anything is simulated."""
+    if job_model not in JOB_MODELS:
+        raise ValueError(f"job model {job_model!r}: expected one of {', '.join(JOB_MODELS)}")
+    if job_model != "project":
+        if any(s.virtual_workers is None for s in specs):
+            raise ValueError("EasyScale's job model runs EasyScale-format workloads (virtual workers per job); this "
+                             "one is not: simulate it with --calibration none")
+        if any(policy.batch_size(s, apps[s.app]) is None for s in specs):
+            raise ValueError(f"{policy.name} tunes batch sizes, which EasyScale's job model fixes: simulate it with "
+                             "--calibration none")
     if policy.profiled and any(s.app is None for s in specs):
         raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
-                         f"(duration only): use fifo, fifo-serial or tiresias")
+                         f"(duration only): use fifo, yarn-cs or tiresias")
     if policy.one_gpu_type and not cluster.homogeneous:
         raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
     largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type

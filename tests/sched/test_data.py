@@ -56,7 +56,7 @@ def test_easyscales_own_workload_loads_with_stand_ins_and_a_name_per_job(artifac
 
 def test_easyscales_own_workload_runs_on_its_cluster(artifact, apps):
     specs = unique_names(with_stand_ins(artifact, STAND_INS)[0])[0]
-    for policy in (FifoPolicy(serial=True), EasyScalePolicy()):  # fifo: a 32-worker job prefers the 16 P100s
+    for policy in (FifoPolicy(exclusive=True), EasyScalePolicy()):  # fifo: a 32-worker job prefers the 16 P100s
         result = simulate(specs, policy, Cluster.parse(EASYSCALE), apps)
         assert len(result.jobs) == 68
 

@@ -18,6 +18,11 @@ def spec(name="a", d=4, app="bert", heterogeneous=True, preferred="v100", arriva
                    preferred_gpu=preferred, epochs=epochs)
 
 
+def vw_job(s, apps):
+    """The job the simulator gives EasyScale's policy: D virtual workers at the user's batch."""
+    return make_job(s, apps, s.batch_size)
+
+
 def test_one_worker_per_gpu_is_the_measured_step(apps):
     app = apps["bert"]
     step, waste = virtual_worker_step(app, 4, 12, (("t4", (2, 2)),))
@@ -44,7 +49,7 @@ def test_workers_follow_speed_and_waste_is_the_idle_share(apps):
 
 def test_waiting_jobs_start_on_one_gpu_of_their_type_and_grow_by_doubling_at_most(apps):
     cluster, policy = Cluster.parse(MIXED), EasyScalePolicy()
-    jobs = [make_job(spec("a", 8), apps, None), make_job(spec("b", 8, arrival=1.0), apps, None)]
+    jobs = [vw_job(spec("a", 8), apps), vw_job(spec("b", 8, arrival=1.0), apps)]
     first = policy.optimize(60, jobs, cluster, {})
     assert [cluster.groups(first[n]) for n in "ab"] == [{"v100": (1,)}, {"v100": (1,)}]
     second = policy.optimize(120, jobs, cluster, first)
@@ -56,8 +61,8 @@ def test_waiting_jobs_start_on_one_gpu_of_their_type_and_grow_by_doubling_at_mos
 def test_homo_mode_and_jobs_without_d2_never_mix_types(apps):
     cluster = Cluster.parse(MIXED)
     for policy, heterogeneous in ((EasyScalePolicy(heterogeneous=False), True), (EasyScalePolicy(), False)):
-        jobs = [make_job(spec(n, 8, heterogeneous=heterogeneous, arrival=i), apps, None) for i, n in enumerate("abcd")]
-        jobs += [make_job(spec("late", 4, heterogeneous=heterogeneous, arrival=9), apps, None)]
+        jobs = [vw_job(spec(n, 8, heterogeneous=heterogeneous, arrival=i), apps) for i, n in enumerate("abcd")]
+        jobs += [vw_job(spec("late", 4, heterogeneous=heterogeneous, arrival=9), apps)]
         alloc = {}
         for t in range(60, 1200, 60):
             alloc = policy.optimize(t, jobs, cluster, alloc)
@@ -67,8 +72,8 @@ def test_homo_mode_and_jobs_without_d2_never_mix_types(apps):
 
 def test_heter_mode_puts_a_d2_job_on_another_type_when_its_own_is_full(apps):
     cluster = Cluster.parse(MIXED)
-    jobs = [make_job(spec(n, 8, arrival=i), apps, None) for i, n in enumerate("abcd")]
-    jobs.append(make_job(spec("late", 4, arrival=9), apps, None))
+    jobs = [vw_job(spec(n, 8, arrival=i), apps) for i, n in enumerate("abcd")]
+    jobs.append(vw_job(spec("late", 4, arrival=9), apps))
     alloc = {n: (0,) for n in "abcd"}  # the four V100s (node 0)
     alloc = EasyScalePolicy().optimize(60, jobs, cluster, alloc)
     assert cluster.groups(alloc["late"]) == {"t4": (1,)}
@@ -78,10 +83,10 @@ def test_simulated_heter_beats_homo_beats_yarn_on_a_mixed_cluster(apps):
     cluster, config = Cluster.parse(MIXED), SimConfig(start_s=20, restart_s=0)
     specs = [spec(f"j{i}", 4, preferred="v100", arrival=60.0 * i, epochs=1) for i in range(4)]
     jct = {}
-    for policy in (EasyScalePolicy(), EasyScalePolicy(heterogeneous=False), FifoPolicy(serial=True)):
+    for policy in (EasyScalePolicy(), EasyScalePolicy(heterogeneous=False), FifoPolicy(exclusive=True)):
         result = simulate(specs, policy, cluster, apps, config)
         jct[policy.name] = sum(j["jct"] for j in result.jobs) / len(result.jobs)
-    assert jct["easyscale-heter"] < jct["easyscale-homo"] < jct["fifo-serial"]
+    assert jct["easyscale-heter"] < jct["easyscale-homo"] < jct["yarn-cs"]
 
 
 def test_the_simulator_refuses_a_mixed_allocation_for_a_job_without_d2(apps):

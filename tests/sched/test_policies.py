@@ -22,13 +22,15 @@ def jcts(result):
     return {j["name"]: j["jct"] for j in result.jobs}
 
 
-def test_fifo_head_of_line_blocks_and_serial_starts_one_per_round():
+def test_fifo_head_of_line_blocks_and_yarn_cs_runs_one_job_at_a_time():
     jobs = [trace_job("a", 0, 4, 100), trace_job("b", 0, 1, 50), trace_job("c", 0, 1, 50)]
     # a takes all 4 GPUs at t=0 (the first round) and ends at 100; b and c start at the round after, 120.
     fifo = simulate(jobs, FifoPolicy(), Cluster.parse("2x2"), None, FREE)
     assert jcts(fifo) == {"a": 100, "b": 170, "c": 170}
-    serial = simulate(jobs, FifoPolicy(serial=True), Cluster.parse("2x2"), None, FREE)
-    assert jcts(serial) == {"a": 100, "b": 170, "c": 230}  # c waits one more round
+    # EasyScale's YARN-CS: c waits for b to end (170) though 3 GPUs are free, and starts at the round after, 180.
+    yarn = simulate(jobs, FifoPolicy(exclusive=True), Cluster.parse("2x2"), None, FREE)
+    assert jcts(yarn) == {"a": 100, "b": 170, "c": 230}
+    assert simulate(jobs[1:], FifoPolicy(exclusive=True), Cluster.parse("2x2"), None, FREE).jobs[1]["start"] == 60
 
 
 def test_fifo_packs_small_jobs_on_the_fullest_node():

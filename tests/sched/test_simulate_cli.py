@@ -39,6 +39,9 @@ def unknown_apps(tmp_path):
     (["--workload", "{unknown}"], "no profile for application(s) gpt9, t5 (profiled: bert"),
     (["--workload", "{unknown}", "--map", "gpt9=nothing"], "--map gpt9=nothing: expected APP=PROFILED"),
     (["--workload", WORKLOAD, "--data", "/nonexistent"], "no scheduling traces at /nonexistent"),
+    (["--workload", WORKLOAD, "--calibration", "easyscale"], "EasyScale's job model runs EasyScale-format workloads"),
+    (["--workload", "easyscale/workloads/test.csv", "--calibration", "easyscale", "--policy", "pollux"],
+     "pollux tunes batch sizes, which EasyScale's job model fixes"),
 ])
 def test_a_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, unknown_apps, argv, says):
     lacking = tmp_path / "lacking.csv"
@@ -76,7 +79,7 @@ def parse(*argv):
 
 
 def test_an_easyscale_workload_runs_on_easyscales_cluster_and_says_so(tmp_path, capsys):
-    assert simulate_cli.main(parse("--workload", "easyscale/workloads/test.csv", "--policy", "fifo-serial")) == 0
+    assert simulate_cli.main(parse("--workload", "easyscale/workloads/test.csv", "--policy", "yarn-cs")) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("cluster 4x8:v100,2x8:p100,4x4:t4: 32 v100 + 16 p100 + 16 t4 (EasyScale's, the default for "
                       "its workloads); p100 steps are t4's scaled by EasyScale's measured p100/t4 ratios")
@@ -84,6 +87,17 @@ def test_an_easyscale_workload_runs_on_easyscales_cluster_and_says_so(tmp_path, 
     assert out[2].startswith("repeated job names numbered: electra-28-1#2")
     assert simulate_cli.main(parse("--workload", WORKLOAD, "--policy", "fifo", "--limit", "5")) == 0
     assert capsys.readouterr().out.startswith("cluster 16x4:t4: 64 t4\n")
+
+
+def test_easyscales_calibration_keeps_its_settings_and_a_repeated_names_last_row(tmp_path, capsys):
+    assert simulate_cli.main(parse("--workload", "easyscale/workloads/test.csv", "--policy", "yarn-cs",
+                                   "--calibration", "easyscale", "--out", str(tmp_path))) == 0
+    assert "repeated job names, the last row of each kept (as EasyScale's simulator does): electra-28-1, " \
+           "electra-28-2, electra-28-3" in capsys.readouterr().out
+    record = json.loads((tmp_path / "test-yarn-cs.json").read_text())
+    assert len(record["jobs"]) == 62
+    assert {k: record["config"][k] for k in ("job_model", "start_s", "restart_s", "round_s")} == \
+        {"job_model": "easyscale", "start_s": 20.0, "restart_s": 0.0, "round_s": 60.0}
 
 
 def test_runs_of_other_policies_write_their_own_files(tmp_path):

@@ -108,7 +108,7 @@ def test_cli_end_to_end_all_policies(workload, tmp_path, capsys):
 
 
 def test_trace_jobs_need_a_non_elastic_policy():
-    with pytest.raises(ValueError, match="use fifo, fifo-serial or tiresias"):
+    with pytest.raises(ValueError, match="use fifo, yarn-cs or tiresias"):
         simulate([JobSpec("a", 0, 1, duration=100)], PolluxPolicy(), Cluster.parse("1x4"), None)
 
 

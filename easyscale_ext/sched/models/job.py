@@ -275,7 +275,13 @@ class VirtualWorkerJob(AppJob):
         if self.num_gpus > d:
             raise ValueError(f"{self.name} has {d} virtual workers and cannot use {self.num_gpus} GPUs")
         self.local_bsz, self.accum_steps = self.spec.batch_size // d, 0
-        self._iteration = virtual_worker_step(self.app, d, self.local_bsz, tuple(self.groups.items()))[0]
+        self._iteration = self.step_on(tuple(self.groups.items()))[0]
+
+    def step_on(self, groups) -> tuple:
+        """(seconds per step, EasyScale's waste) on `groups` ((GPU type, GPUs per node) pairs): what a policy
+        weighs a proposal by (virtual_worker_step)."""
+        d = self.spec.virtual_workers
+        return virtual_worker_step(self.app, d, self.spec.batch_size // d, groups)
 
     def iteration_time(self) -> float:
         return self._iteration
@@ -292,10 +298,16 @@ def virtual_worker_step(app, virtual_workers, local_bsz, groups) -> tuple:
     cost = app.d2_cost if len(groups) > 1 else 1.0
     types = [t for t, p in groups for _ in range(sum(p))]
     compute = {t: cost * app.worker_compute_time(t, local_bsz) for t, _ in groups}
-    sizes = optimal_split(virtual_workers, [1 / compute[t] for t in types])
-    step = max(gpu_step(app, local_bsz, groups, t, k) for k, t in zip(sizes, types))
-    busy = [k * compute[t] for k, t in zip(sizes, types)]
-    return step, 1 - sum(busy) / (len(busy) * max(busy))
+    sizes, waste = balanced_split(virtual_workers, [compute[t] for t in types])
+    return max(gpu_step(app, local_bsz, groups, t, k) for k, t in zip(sizes, types)), waste
+
+
+def balanced_split(virtual_workers, compute) -> tuple:
+    """(workers per GPU, EasyScale's waste) of `virtual_workers` spread over GPUs that compute one worker in
+    `compute` seconds each, by placement.optimal_split. Waste: the GPUs' idle share while the slowest computes."""
+    sizes = optimal_split(virtual_workers, [1 / c for c in compute])
+    busy = [k * c for k, c in zip(sizes, compute)]
+    return sizes, 1 - sum(busy) / (len(busy) * max(busy))
 
 
 def gpu_step(app, local_bsz, groups, gpu_type, workers) -> float:
@@ -322,10 +334,10 @@ def make_job(spec, apps, batch_size):
     return AppJob(spec, apps[spec.app], batch_size)
 
 
-def isolated_runtime(spec, apps, gpus_per_node, gpu_type) -> float:
+def isolated_runtime(spec, apps, gpus_per_node, gpu_type, make=make_job) -> float:
     """Seconds the job needs alone on the GPUs it asked for, with its own batch size, packed on full nodes
-    and never restarted: the reference for finish-time fairness."""
-    job = make_job(spec, apps, spec.batch_size)
+    and never restarted: the reference for finish-time fairness. `make(spec, apps, batch)` makes its model."""
+    job = make(spec, apps, spec.batch_size)
     full, rest = divmod(spec.num_gpus, gpus_per_node)
     job.allocate({gpu_type: (gpus_per_node,) * full + ((rest,) if rest else ())}, 0.0)
     horizon = spec.duration if spec.app is None else 1e9

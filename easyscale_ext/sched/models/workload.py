@@ -29,6 +29,7 @@ class JobSpec:
     preferred_gpu: Optional[str] = None
     epochs: Optional[int] = None  # None: the application's
     freeze: bool = False  # opts in to layer freezing (models/freezing.py; a workload's optional `freeze` column)
+    model: Optional[str] = None  # the application as the workload names it, where a stand-in runs in its place
 
 
 D2_MAX_COST = 1.1  # a job may mix GPU types where D2 costs its model at most this (step time over plain DDP's)
@@ -106,6 +107,14 @@ def unique_names(specs) -> tuple:
     return out, renamed
 
 
+def last_per_name(specs) -> tuple:
+    """The jobs with only the last row of each repeated name, as EasyScale's simulator keys its jobs by name (its
+    test.csv: 62 of 68 rows), and the names that repeated."""
+    last = {s.name: s for s in specs}
+    kept = [s for s in specs if last[s.name] is s]
+    return kept, sorted({s.name for s in specs if last[s.name] is not s})
+
+
 def with_stand_ins(specs, stand_ins) -> tuple:
     """The jobs with each application that `stand_ins` maps ({name: profiled application}) run as its stand-in,
     and {application: stand-in} of those this workload uses. A ValueError names every application that is
@@ -117,7 +126,7 @@ def with_stand_ins(specs, stand_ins) -> tuple:
     if unknown:
         raise ValueError(f"no profile for application(s) {', '.join(unknown)} (profiled: {', '.join(EPOCHS)})")
     used = {a: stand_ins[a] for a in names if a in stand_ins}
-    return [replace(s, app=used[s.app]) if s.app in used else s for s in specs], used
+    return [replace(s, app=used[s.app], model=s.app) if s.app in used else s for s in specs], used
 
 
 def easyscale_workload(trace, apps, cluster, jobs=80, hours=4.0, seed=0) -> list:

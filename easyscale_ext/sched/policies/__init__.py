@@ -18,7 +18,7 @@ from .tiresias import TiresiasPolicy
 
 POLICIES = {
     "fifo": lambda seed: FifoPolicy(),
-    "fifo-serial": lambda seed: FifoPolicy(serial=True),
+    "yarn-cs": lambda seed: FifoPolicy(exclusive=True),
     "tiresias": lambda seed: TiresiasPolicy(),
     "optimus": lambda seed: OptimusPolicy(),
     "pollux": lambda seed: PolluxPolicy(seed=seed),

@@ -1,9 +1,9 @@
 """EasyScale (Li et al., SC'23): elastic jobs of D virtual workers on GPUs of one or, with D2, several types.
 
 Intra-job: a job's proposals are GPU counts per type (at most D GPUs in all), each valued by its step time with
-the virtual workers spread by speed (job.virtual_worker_step) and kept only if EasyScale's waste (the GPUs'
-idle share while the slowest computes) is at most 30 %. Jobs that do not allow D2, and every job in "homo"
-mode, propose only their preferred GPU type.
+the virtual workers spread by speed (the job model's step_on: job.virtual_worker_step, or EasyScale's own model)
+and kept only if EasyScale's waste (the GPUs' idle share while the slowest computes) is at most 30 %. Jobs that
+do not allow D2, and every job in "homo" mode, propose only their preferred GPU type.
 Inter-job, every round: running jobs keep their GPUs (EasyScale never shrinks a job); waiting jobs start, in
 arrival order, on one GPU (of their preferred type, else, if they may mix types, of the fastest type for them
 with a GPU free); then every running job proposes, per GPU type, the increment of that type with the largest
@@ -14,7 +14,6 @@ its virtual workers, with no preferred type). Rescaling is in place (no restart 
 costs 20 s in EasyScale's setting (`easyscale simulate --start 20 --restart 0`).
 """
 from ..models.goodput import packed
-from ..models.job import virtual_worker_step
 from .base import Policy, place
 
 MAX_WASTE = 0.30
@@ -68,9 +67,7 @@ class EasyScalePolicy(Policy):
 
     def step(self, job, counts) -> tuple:
         """(seconds per step, waste) of the job on `counts` GPUs per type, each type packed on full nodes."""
-        groups = tuple((t, packed(c, self._per_node[t])) for t, c in counts.items() if c)
-        return virtual_worker_step(job.app, job.spec.virtual_workers, job.spec.batch_size // job.spec.virtual_workers,
-                                   groups)
+        return job.step_on(tuple((t, packed(c, self._per_node[t])) for t, c in counts.items() if c))
 
     def increments(self, rank, job, groups, room) -> list:
         """Per GPU type, the increment with the largest speedup per added GPU that is within the waste bound,

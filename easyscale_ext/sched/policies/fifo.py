@@ -3,16 +3,16 @@
 
 The head of the queue blocks the jobs behind it (no backfilling), as in YARN's capacity scheduler. Jobs are
 packed (best fit) on one GPU type: the job's preferred one where it names one with as many GPUs (EasyScale's
-test.csv has a job of 32 workers that prefers the 16 P100s of its cluster). `serial` is the variant of
-EasyScale's artifact, which starts at most one job per round.
+test.csv has a job of 32 workers that prefers the 16 P100s of its cluster). `exclusive` is YARN-CS as EasyScale's
+artifact runs it (its other_policy.FifoPolicy): one job in the whole cluster at a time, the oldest.
 """
 from .base import Policy, gpu_type_for, place
 
 
 class FifoPolicy(Policy):
-    def __init__(self, serial: bool = False):
-        self.serial = serial
-        self.name = "fifo-serial" if serial else "fifo"
+    def __init__(self, exclusive: bool = False):
+        self.exclusive = exclusive
+        self.name = "yarn-cs" if exclusive else "fifo"
 
     def optimize(self, now, jobs, cluster, allocations):
         result = dict(allocations)
@@ -23,6 +23,8 @@ class FifoPolicy(Policy):
                 nodes = cluster.nodes_of(cluster.types[held[0]])
                 more = min(job.spec.num_gpus - len(held), int(free[nodes].sum()))
                 result[job.name] = held + (place(free, more, nodes) if more else ())
+        if self.exclusive and result:
+            return result
         room, size = cluster.room(free), cluster.room(cluster.gpus)
         for job in jobs:
             if job.name in result:
@@ -34,6 +36,6 @@ class FifoPolicy(Policy):
                 break
             result[job.name] = place(free, job.spec.num_gpus, cluster.nodes_of(gpu_type), best_fit=True)
             room[gpu_type] -= job.spec.num_gpus
-            if self.serial:
+            if self.exclusive:
                 break
         return result
