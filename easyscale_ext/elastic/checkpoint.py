@@ -92,23 +92,13 @@ class Checkpointer:
 
     def save(self, position: Position) -> Optional[str]:
         """Write a checkpoint at `position`; returns its path on rank 0."""
-        contexts = self.ddp.export_contexts()
+        merged = gather_contexts(self.ddp)
         group = self.ddp.process_group
-        if group is not None:
-            gathered = [None] * dist.get_world_size(group) if self.ddp.rank == 0 else None
-            dist.gather_object(contexts, gathered, dst=0, group=group)
-        else:
-            gathered = [contexts]
         path = None
         if self.ddp.rank == 0:
-            merged: Dict[int, bytes] = {v: c for part in gathered for v, c in part.items()}
             payload = {
                 "format": FORMAT,
-                "virtual_world_size": self.ddp.world_size,
-                "determinism_level": self.ddp.determinism_level,
-                "isa": self.ddp.isa,
-                "broadcast_buffers": self.ddp.broadcast_buffers,
-                "fingerprint": self.ddp.fingerprint(),
+                **job_header(self.ddp),
                 "model": self.ddp.module.state_dict(),
                 **training_state(self.ddp, self.optimizer, self.scheduler),
                 "position": list(astuple(position)),
@@ -168,23 +158,43 @@ class Checkpointer:
     def _check(self, state: dict, path: str) -> None:
         if state.get("format") != FORMAT:
             raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, this version reads {FORMAT}")
-        ddp = self.ddp
-        if state["virtual_world_size"] != ddp.world_size:
-            raise CheckpointError(f"{path} was written by a job of {state['virtual_world_size']} virtual workers, "
-                                  f"this job has {ddp.world_size}: pass virtual_world_size="
-                                  f"{state['virtual_world_size']} to resume it")
-        if state["determinism_level"] != ddp.determinism_level:
-            raise CheckpointError(f"{path} was written at determinism {state['determinism_level']}, this job "
-                                  f"runs {ddp.determinism_level}: resume with the same level")
-        if state["isa"] != ddp.isa:
-            raise CheckpointError(f"{path} was written by a D2 job held to {state['isa']}, this job is held to "
-                                  f"{ddp.isa}: resume with isa={state['isa']!r} (easyscale run --isa)")
-        if state["broadcast_buffers"] != ddp.broadcast_buffers:
-            raise CheckpointError(f"{path} was written with broadcast_buffers={state['broadcast_buffers']}: "
-                                  "resume with the same setting")
-        if state["fingerprint"] != ddp.fingerprint():
-            theirs = {n for n, _, _ in state["fingerprint"]}
-            mine = {n for n, _, _ in ddp.fingerprint()}
-            diff = sorted(theirs ^ mine)[:5] or ["same names, other shapes or dtypes"]
-            raise CheckpointError(f"{path} holds another model than this job's (differences: {diff}); "
-                                  "build the same model to resume it")
+        check_header(state, self.ddp, path)
+
+
+def gather_contexts(ddp) -> Optional[Dict[int, bytes]]:
+    """Every virtual worker's context, gathered from every process on rank 0 (None elsewhere). Collective."""
+    contexts = ddp.export_contexts()
+    if ddp.process_group is None:
+        return contexts
+    gathered = [None] * dist.get_world_size(ddp.process_group) if ddp.rank == 0 else None
+    dist.gather_object(contexts, gathered, dst=0, group=ddp.process_group)
+    return {v: c for part in gathered for v, c in part.items()} if ddp.rank == 0 else None
+
+
+def job_header(ddp) -> dict:
+    """What a job that resumes from a checkpoint must share with the job that wrote it (check_header)."""
+    return {"virtual_world_size": ddp.world_size, "determinism_level": ddp.determinism_level, "isa": ddp.isa,
+            "broadcast_buffers": ddp.broadcast_buffers, "fingerprint": ddp.fingerprint()}
+
+
+def check_header(state: dict, ddp, path: str) -> None:
+    """A CheckpointError saying what to change if the job of `ddp` cannot resume from `state` (read from `path`)."""
+    if state["virtual_world_size"] != ddp.world_size:
+        raise CheckpointError(f"{path} was written by a job of {state['virtual_world_size']} virtual workers, "
+                              f"this job has {ddp.world_size}: pass virtual_world_size="
+                              f"{state['virtual_world_size']} to resume it")
+    if state["determinism_level"] != ddp.determinism_level:
+        raise CheckpointError(f"{path} was written at determinism {state['determinism_level']}, this job "
+                              f"runs {ddp.determinism_level}: resume with the same level")
+    if state["isa"] != ddp.isa:
+        raise CheckpointError(f"{path} was written by a D2 job held to {state['isa']}, this job is held to "
+                              f"{ddp.isa}: resume with isa={state['isa']!r} (easyscale run --isa)")
+    if state["broadcast_buffers"] != ddp.broadcast_buffers:
+        raise CheckpointError(f"{path} was written with broadcast_buffers={state['broadcast_buffers']}: "
+                              "resume with the same setting")
+    if state["fingerprint"] != ddp.fingerprint():
+        theirs = {n for n, _, _ in state["fingerprint"]}
+        mine = {n for n, _, _ in ddp.fingerprint()}
+        diff = sorted(theirs ^ mine)[:5] or ["same names, other shapes or dtypes"]
+        raise CheckpointError(f"{path} holds another model than this job's (differences: {diff}); "
+                              "build the same model to resume it")
