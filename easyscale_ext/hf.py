@@ -1,0 +1,128 @@
+"""EasyScale in the Hugging Face Trainer: `EasyScaleTrainer(..., virtual_world_size=N)` in `Trainer`'s place.
+
+The Trainer's own loop runs as it is (its optimizer, scheduler, clipping, logging and checkpoints); three of its
+steps are EasyScale's:
+- the model is wrapped in EasyScaleDDP instead of DDP (so Accelerate prepares only the optimizer, as the Trainer
+  does for any model it finds wrapped);
+- the training loader is EasyScaleDDP's: every step yields each of this process's virtual workers its
+  DistributedSampler(num_replicas=N) share of `train_dataset`, batched by `per_device_train_batch_size` (per
+  virtual worker) through the Trainer's data collator, shuffled with `args.data_seed` (else `args.seed`);
+- `training_step` runs the Trainer's own step (forward, loss, backward) once per local virtual worker, with that
+  worker's context switched in; the last backward exchanges the canonical sum, and the step's loss is the mean of
+  this process's workers' losses.
+Checkpoints carry every virtual worker's context (`easyscale_contexts.pt` beside the Trainer's files), so
+`trainer.train(resume_from_checkpoint=...)` resumes on any number of processes with an uninterrupted run's bits;
+the Trainer's per-process RNG files are not restored (the contexts hold every worker's streams). Refused, naming
+the setting: more processes than virtual workers, `gradient_accumulation_steps` above 1, and a resume from a
+checkpoint written inside an epoch (use `save_strategy="epoch"`).
+"""
+import io
+import os
+
+import torch
+from transformers import Trainer, TrainerState
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+
+from .elastic.checkpoint import check_header, gather_contexts, job_header, write_atomic
+from .placement import even_ranges
+from .runtime.ddp import EasyScaleDDP
+from .runtime.loader import VirtualDataLoader
+
+CONTEXTS_FILE = "easyscale_contexts.pt"
+
+
+class EasyScaleTrainer(Trainer):
+    """`transformers.Trainer` training `model` as `virtual_world_size` virtual workers on however many processes
+    torchrun starts (at most that many). `easyscale` holds EasyScaleDDP's keyword arguments (`determinism_level`,
+    D1 by default; `broadcast_buffers`, `find_unused_parameters`, `isa`, ...)."""
+
+    def __init__(self, *args, virtual_world_size: int, easyscale=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.virtual_world_size = virtual_world_size
+        self.easyscale = {"determinism_level": "D1", **(easyscale or {})}
+        if self.args.world_size > virtual_world_size:
+            raise ValueError(f"EasyScaleTrainer(virtual_world_size={virtual_world_size}) runs on at most "
+                             f"{virtual_world_size} process{'es' if virtual_world_size > 1 else ''}; torchrun "
+                             f"started {self.args.world_size}: start fewer or raise virtual_world_size")
+        if self.args.gradient_accumulation_steps != 1:
+            raise ValueError(f"TrainingArguments(gradient_accumulation_steps={self.args.gradient_accumulation_steps})"
+                             " cannot be honoured by EasyScaleTrainer: each step already runs every virtual "
+                             "worker's micro-batch; raise virtual_world_size or per_device_train_batch_size instead")
+        self._ddp = None
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if not training:
+            return model
+        if self._ddp is None:
+            device_ids = None if self.args.device.type == "cpu" else [self.args.device.index]
+            self._ddp = EasyScaleDDP(model, device_ids=device_ids, virtual_world_size=self.virtual_world_size,
+                                     **self.easyscale)
+        return self._ddp
+
+    def get_train_dataloader(self) -> VirtualDataLoader:
+        """EasyScale's loader over `train_dataset` for this process's virtual workers (an even split, as
+        EasyScaleDDP's; the Trainer asks for it before it wraps the model)."""
+        args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        lo, hi = even_ranges(self.virtual_world_size, args.world_size)[args.process_index]
+        extra = {"prefetch_factor": args.dataloader_prefetch_factor,
+                 "persistent_workers": args.dataloader_persistent_workers} if args.dataloader_num_workers else {}
+        # A fixed generator: a pass over the data draws no base seed from the workers' RNG streams (samples are
+        # seeded per index anyway), so those streams hold only the training's own draws.
+        return VirtualDataLoader(self.train_dataset, args.per_device_train_batch_size, self.virtual_world_size,
+                                 range(lo, hi), shuffle=True, seed=seed, drop_last_batch=args.dataloader_drop_last,
+                                 collate_fn=self.data_collator, num_workers=args.dataloader_num_workers,
+                                 pin_memory=args.dataloader_pin_memory, generator=torch.Generator().manual_seed(seed),
+                                 **extra)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        losses = [super(EasyScaleTrainer, self).training_step(model, batch, num_items_in_batch)
+                  for batch in model.workers(inputs)]
+        return torch.stack(losses).mean()
+
+    def floating_point_ops(self, inputs) -> int:
+        return sum(super(EasyScaleTrainer, self).floating_point_ops(batch) for _, batch in inputs)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        contexts = gather_contexts(self._ddp)  # collective: the Trainer saves on every process
+        if self.args.process_index == 0:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            payload = {**job_header(self._ddp), "contexts": contexts}
+            write_atomic(os.path.join(folder, CONTEXTS_FILE), _serialized(payload))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        if self.args.device.type == "cpu":
+            # The Trainer maps the optimizer onto args.device (cpu:0) when several processes run, which torch 2.14's
+            # loader refuses ("don't know how to restore data location"): onto "cpu", as it does for one process.
+            self.optimizer.load_state_dict(torch.load(os.path.join(checkpoint, OPTIMIZER_NAME), map_location="cpu",
+                                                      weights_only=True))
+            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
+        else:
+            super()._load_optimizer_and_scheduler(checkpoint)
+        # the Trainer calls this once the model is wrapped: the contexts can go in now
+        path = os.path.join(checkpoint, CONTEXTS_FILE)
+        if not os.path.exists(path):
+            raise ValueError(f"{checkpoint} was not written by EasyScaleTrainer: it has no {CONTEXTS_FILE}; start "
+                             "from its weights with from_pretrained instead of resume_from_checkpoint")
+        saved = torch.load(path, weights_only=True)
+        check_header(saved, self._ddp, path)
+        step, steps = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step, \
+            len(self.get_train_dataloader())
+        if step % steps:
+            raise ValueError(f"{checkpoint} was written inside an epoch (step {step}, {steps} steps an epoch): "
+                             "EasyScaleTrainer resumes from epoch ends; save with save_strategy='epoch'")
+        self._ddp.import_contexts({v: saved["contexts"][v].numpy().tobytes() for v in self._ddp.local_ranks})
+
+    def _load_rng_state(self, checkpoint):
+        pass  # every virtual worker's streams came back with its context
+
+
+def _serialized(payload: dict) -> bytes:
+    payload = {**payload, "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8)
+                                       for v, c in payload["contexts"].items()}}
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()

@@ -1,0 +1,30 @@
+"""Trainer settings EasyScaleTrainer cannot honour, one per run: `python hf_misuse.py MODE OUT`."""
+import sys
+
+import torch
+from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+
+from easyscale_ext.hf import EasyScaleTrainer
+
+
+class Sequences(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        ids = torch.arange(8) % 5 + i % 3
+        return {"input_ids": ids, "labels": torch.tensor(i % 2)}
+
+
+mode, out = sys.argv[1:]
+model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
+                                                 num_attention_heads=1, intermediate_size=8,
+                                                 max_position_embeddings=16))
+args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True,
+                         report_to=[], disable_tqdm=True, logging_strategy="no",
+                         gradient_accumulation_steps=2 if mode == "accumulate" else 1,
+                         save_strategy="steps" if mode == "mid-epoch" else "no", save_steps=3)
+trainer = EasyScaleTrainer(model=model, args=args, train_dataset=Sequences(), virtual_world_size=2)
+trainer.train()
+if mode == "mid-epoch":
+    trainer.train(resume_from_checkpoint=f"{out}/checkpoint-3")
