@@ -2,6 +2,8 @@
 
 Layers, each importing only those below it (docs/ARCHITECTURE.md):
 
+    lightning the PyTorch Lightning strategy (imports lightning; not loaded by the package)
+    hf        the Hugging Face Trainer (imports transformers; not loaded by the package)
     cli       the `easyscale` command
     cluster   jobs on a Ray cluster, driven by the scheduler's policies
     elastic   job state, checkpoints, membership, scaling, recovery, launcher, balancing
