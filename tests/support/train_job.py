@@ -106,10 +106,53 @@ class Branchy(nn.Module):
         return self.head(h)
 
 
+class AugmentedImages(Dataset):
+    """Small RGB images through torchvision's random augmentation (RandomResizedCrop, RandomHorizontalFlip), as
+    an ImageNet loader applies it: drawn from the global RNG in __getitem__, in DataLoader workers or not."""
+
+    def __init__(self, n):
+        from torchvision.transforms import v2
+
+        g = torch.Generator().manual_seed(4321)
+        self.x = torch.rand(n, 3, 32, 32, generator=g)
+        self.y = torch.randint(0, 4, (n,), generator=g)
+        self.augment = v2.Compose([v2.RandomResizedCrop(24, antialias=True), v2.RandomHorizontalFlip()])
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.augment(self.x[i]), self.y[i], i
+
+
+class HFBert(nn.Module):
+    """A transformers BERT built from a small config (random weights: nothing downloaded), dropout and attention
+    as in any BERT, predicting each token's successor."""
+
+    def __init__(self, vocab=50):
+        super().__init__()
+        from transformers import BertConfig, BertForMaskedLM
+
+        self.bert = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, intermediate_size=64,
+                                               max_position_embeddings=16))
+
+    def forward(self, x):
+        return self.bert(input_ids=x).logits
+
+
 def build(name, device, samples):
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
+    if name == "resnet18":  # torchvision's: BatchNorm and in-place ReLU
+        from torchvision.models import resnet18
+
+        model = resnet18(num_classes=4).to(device)
+        return model, AugmentedImages(samples), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if name == "bert":
+        model = HFBert().to(device)
+        return model, Tokens(samples), torch.optim.AdamW(model.parameters(), lr=1e-3)
     if name == "cnn":
         model = ConvNet().to(device)
         return model, Images(samples), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -422,7 +465,7 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung test's processes are: kill -USR1
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
-    ap.add_argument("--model", choices=["cnn", "transformer", "branchy"], default="cnn")
+    ap.add_argument("--model", choices=["cnn", "transformer", "branchy", "resnet18", "bert"], default="cnn")
     ap.add_argument("--virtual-workers", dest="n", type=int, default=4)  # not --n: torchrun would take it
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--procs", type=int, default=1)
