@@ -97,14 +97,20 @@ class EasyScaleStrategy(DDPStrategy):
 
     # -- data --------------------------------------------------------------------------------------------------
     def process_dataloader(self, dataloader):
-        trainer = self.lightning_module.trainer
-        if trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
+        if not isinstance(dataloader, DataLoader):
             return dataloader
-        return StepLoader(self.model, dataloader)
+        if self.lightning_module.trainer.state.stage == RunningStage.TRAINING:
+            return StepLoader(self.model, dataloader)
+        if dataloader.generator is None:
+            # Every pass of a DataLoader without a generator draws its base seed from the process's RNG, which
+            # between steps is its first virtual worker's stream: validation would shift that worker's dropout
+            # on some placements and not others.
+            dataloader.generator = torch.Generator().manual_seed(0)
+        return dataloader
 
     # -- one optimizer step ------------------------------------------------------------------------------------
     def training_step(self, step_batches, *args, **kwargs):
-        module, optimizer = self.lightning_module, self.optimizers[0]
+        module, optimizer = self.lightning_module, (self.optimizers or [None])[0]
         for p in self.model.parameters():
             p.grad = None  # the zero_grad Lightning runs only after this, before its backward
         first = None

@@ -32,6 +32,10 @@ class DigitsClassifier(L.LightningModule):  # an ordinary LightningModule: nothi
         self.log("train_loss", loss)
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_accuracy", (self.net(x).argmax(1) == y).float().mean(), sync_dist=True)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
@@ -48,14 +52,17 @@ def main():
     L.seed_everything(0)
     digits = load_digits()  # ships with scikit-learn: nothing is downloaded
     data = TensorDataset(torch.tensor(digits.data / 16, dtype=torch.float32), torch.tensor(digits.target))
+    train, val = torch.utils.data.random_split(data, [1500, 297], generator=torch.Generator().manual_seed(0))
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
     trainer = L.Trainer(strategy=EasyScaleStrategy(virtual_world_size=args.virtual_workers), accelerator="cpu",
                         devices=args.devices, max_epochs=args.epochs, callbacks=callbacks,
                         enable_checkpointing=bool(args.ckpt_dir), logger=False, enable_progress_bar=False,
                         enable_model_summary=False)
     model = DigitsClassifier()
-    trainer.fit(model, DataLoader(data, batch_size=16, shuffle=True), ckpt_path=args.resume)
+    trainer.fit(model, DataLoader(train, batch_size=16, shuffle=True), DataLoader(val, batch_size=64),
+                ckpt_path=args.resume)
     if trainer.is_global_zero:
+        print(f"val_accuracy {trainer.callback_metrics['val_accuracy']:.3f}")
         print(f"state {es.state_sha256(model, trainer.optimizers[0])}")
 
 
