@@ -21,12 +21,16 @@ import os
 
 import torch
 from transformers import Trainer, TrainerState
+from transformers.utils import is_datasets_available
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 
 from .elastic.checkpoint import check_header, gather_contexts, job_header, write_atomic
 from .placement import even_ranges
 from .runtime.ddp import EasyScaleDDP
 from .runtime.loader import VirtualDataLoader
+
+if is_datasets_available():
+    import datasets
 
 CONTEXTS_FILE = "easyscale_contexts.pt"
 
@@ -62,18 +66,33 @@ class EasyScaleTrainer(Trainer):
     def get_train_dataloader(self) -> VirtualDataLoader:
         """EasyScale's loader over `train_dataset` for this process's virtual workers (an even split, as
         EasyScaleDDP's; the Trainer asks for it before it wraps the model)."""
-        args = self.args
+        args, dataset, collator = self.args, self.train_dataset, self.data_collator
+        if is_datasets_available() and isinstance(dataset, datasets.Dataset):  # the columns the model takes, as
+            dataset = self._remove_unused_columns(dataset, description="training")  # the Trainer's loaders keep
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="training")
         seed = args.data_seed if args.data_seed is not None else args.seed
         lo, hi = even_ranges(self.virtual_world_size, args.world_size)[args.process_index]
         extra = {"prefetch_factor": args.dataloader_prefetch_factor,
                  "persistent_workers": args.dataloader_persistent_workers} if args.dataloader_num_workers else {}
         # A fixed generator: a pass over the data draws no base seed from the workers' RNG streams (samples are
         # seeded per index anyway), so those streams hold only the training's own draws.
-        return VirtualDataLoader(self.train_dataset, args.per_device_train_batch_size, self.virtual_world_size,
+        return VirtualDataLoader(dataset, args.per_device_train_batch_size, self.virtual_world_size,
                                  range(lo, hi), shuffle=True, seed=seed, drop_last_batch=args.dataloader_drop_last,
-                                 collate_fn=self.data_collator, num_workers=args.dataloader_num_workers,
+                                 collate_fn=collator, num_workers=args.dataloader_num_workers,
                                  pin_memory=args.dataloader_pin_memory, generator=torch.Generator().manual_seed(seed),
                                  **extra)
+
+    def _get_dataloader(self, dataset, description, batch_size, sampler_fn=None, is_training=False,
+                        dataloader_key=None):
+        loader = super()._get_dataloader(dataset, description, batch_size, sampler_fn, is_training, dataloader_key)
+        base = getattr(loader, "base_dataloader", loader)  # the DataLoader inside Accelerate's
+        if base.generator is None:
+            # Every pass of a DataLoader without a generator draws its base seed from the process's RNG, which
+            # between steps is its first virtual worker's stream: evaluation would shift that worker's dropout on
+            # some placements and not others.
+            base.generator = torch.Generator().manual_seed(0)
+        return loader
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         losses = [super(EasyScaleTrainer, self).training_step(model, batch, num_items_in_batch)

@@ -20,8 +20,8 @@ from easyscale_ext.hf import EasyScaleTrainer
 class Sequences(torch.utils.data.Dataset):
     """Token sequences whose label says whether token 7 occurs in them."""
 
-    def __init__(self, n=512, length=16, vocab=64):
-        g = torch.Generator().manual_seed(0)
+    def __init__(self, n=512, length=16, vocab=64, seed=0):
+        g = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(1, vocab, (n, length), generator=g)
         self.labels = (self.ids == 7).any(dim=1).long()
 
@@ -47,10 +47,10 @@ def main():
     model = BertForSequenceClassification(config)
     training = TrainingArguments(output_dir=args.out, per_device_train_batch_size=8, num_train_epochs=args.epochs,
                                  learning_rate=1e-3, seed=0, use_cpu=True, report_to=[],
-                                 save_strategy="epoch" if args.save else "no", logging_strategy="no",
-                                 disable_tqdm=True)
+                                 save_strategy="epoch" if args.save else "no", eval_strategy="epoch",
+                                 logging_strategy="no", disable_tqdm=True)
     trainer = EasyScaleTrainer(model=model, args=training, train_dataset=Sequences(),
-                               virtual_world_size=args.virtual_workers)
+                               eval_dataset=Sequences(n=128, seed=1), virtual_world_size=args.virtual_workers)
     trainer.train(resume_from_checkpoint=args.resume)
     if trainer.args.process_index == 0:
         print(f"state {es.state_sha256(trainer.model, trainer.optimizer)}")
