@@ -137,9 +137,10 @@ class EasyScaleStrategy(DDPStrategy):
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
-        contexts = gather_contexts(self.model)  # collective: Lightning saves on every rank
-        if self.is_global_zero:
-            checkpoint[CHECKPOINT_KEY] = {**job_header(self.model), "contexts": contexts}
+        if isinstance(self.model, EasyScaleDDP):  # fitting: there are virtual workers
+            contexts = gather_contexts(self.model)  # collective: Lightning saves on every rank
+            if self.is_global_zero:
+                checkpoint[CHECKPOINT_KEY] = {**job_header(self.model), "contexts": contexts}
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_model_state_dict(self, checkpoint, strict: bool = True) -> None:
