@@ -16,7 +16,6 @@ the Trainer's per-process RNG files are not restored (the contexts hold every wo
 the setting: more processes than virtual workers, `gradient_accumulation_steps` above 1, and a resume from a
 checkpoint written inside an epoch (use `save_strategy="epoch"`).
 """
-import io
 import os
 
 import torch
@@ -24,7 +23,8 @@ from transformers import Trainer, TrainerState
 from transformers.utils import is_datasets_available
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 
-from .elastic.checkpoint import check_header, gather_contexts, job_header, write_atomic
+from .elastic.checkpoint import (check_header, context_bytes, context_tensors, gather_contexts, job_header,
+                                 read_verified, write_verified)
 from .placement import even_ranges
 from .runtime.ddp import EasyScaleDDP
 from .runtime.loader import VirtualDataLoader
@@ -107,8 +107,8 @@ class EasyScaleTrainer(Trainer):
         contexts = gather_contexts(self._ddp)  # collective: the Trainer saves on every process
         if self.args.process_index == 0:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            payload = {**job_header(self._ddp), "contexts": contexts}
-            write_atomic(os.path.join(folder, CONTEXTS_FILE), _serialized(payload))
+            write_verified(os.path.join(folder, CONTEXTS_FILE),
+                           {**job_header(self._ddp), "contexts": context_tensors(contexts)})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
@@ -126,22 +126,15 @@ class EasyScaleTrainer(Trainer):
         if not os.path.exists(path):
             raise ValueError(f"{checkpoint} was not written by EasyScaleTrainer: it has no {CONTEXTS_FILE}; start "
                              "from its weights with from_pretrained instead of resume_from_checkpoint")
-        saved = torch.load(path, weights_only=True)
+        saved = read_verified(path)
         check_header(saved, self._ddp, path)
         step, steps = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step, \
             len(self.get_train_dataloader())
         if step % steps:
             raise ValueError(f"{checkpoint} was written inside an epoch (step {step}, {steps} steps an epoch): "
                              "EasyScaleTrainer resumes from epoch ends; save with save_strategy='epoch'")
-        self._ddp.import_contexts({v: saved["contexts"][v].numpy().tobytes() for v in self._ddp.local_ranks})
+        self._ddp.import_contexts(context_bytes(saved["contexts"], self._ddp.local_ranks))
 
     def _load_rng_state(self, checkpoint):
         pass  # every virtual worker's streams came back with its context
 
-
-def _serialized(payload: dict) -> bytes:
-    payload = {**payload, "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8)
-                                       for v, c in payload["contexts"].items()}}
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return buf.getvalue()

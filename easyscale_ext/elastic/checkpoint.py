@@ -56,6 +56,14 @@ def write_atomic(path: str, data: bytes) -> None:
         os.close(fd)
 
 
+def write_verified(path: str, payload: dict) -> None:
+    """Write `payload` (plain containers and tensors) atomically, as MAGIC + its SHA-256 + its torch.save."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
+
+
 def read_verified(path: str) -> dict:
     try:
         with open(path, "rb") as f:
@@ -103,13 +111,10 @@ class Checkpointer:
                 **training_state(self.ddp, self.optimizer, self.scheduler),
                 "position": list(astuple(position)),
                 "split": [hi - lo for lo, hi in self.ddp.ranges],  # a balancer's or scheduler's decision
-                "contexts": {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in merged.items()},
+                "contexts": context_tensors(merged),
             }
-            buf = io.BytesIO()
-            torch.save(payload, buf)
-            body = buf.getvalue()
             path = os.path.join(self.folder, f"step-{position.step:010d}.ckpt")
-            write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
+            write_verified(path, payload)
             for old in self.paths()[:-self.keep]:
                 os.unlink(old)
         if group is not None:
@@ -149,16 +154,26 @@ class Checkpointer:
         split = state.get("split") or []
         if len(split) == len(self.ddp.ranges) and split != [hi - lo for lo, hi in self.ddp.ranges]:
             lo, hi = ranges_of(split)[self.ddp.rank]
-            self.ddp.reconfigure(self.ddp.process_group, {v: state["contexts"][v].numpy().tobytes()
-                                                          for v in range(lo, hi)}, virtual_ranks=(lo, hi))
+            self.ddp.reconfigure(self.ddp.process_group, context_bytes(state["contexts"], range(lo, hi)),
+                                 virtual_ranks=(lo, hi))
         else:
-            self.ddp.import_contexts({v: state["contexts"][v].numpy().tobytes() for v in self.ddp.local_ranks})
+            self.ddp.import_contexts(context_bytes(state["contexts"], self.ddp.local_ranks))
         return Position(*state["position"])
 
     def _check(self, state: dict, path: str) -> None:
         if state.get("format") != FORMAT:
             raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, this version reads {FORMAT}")
         check_header(state, self.ddp, path)
+
+
+def context_tensors(contexts: Dict[int, bytes]) -> Dict[int, torch.Tensor]:
+    """Contexts as uint8 tensors, which a weights_only load reads back."""
+    return {v: torch.frombuffer(bytearray(c), dtype=torch.uint8) for v, c in contexts.items()}
+
+
+def context_bytes(tensors: Dict[int, torch.Tensor], ranks) -> Dict[int, bytes]:
+    """The contexts of virtual workers `ranks` from context_tensors' form."""
+    return {v: tensors[v].numpy().tobytes() for v in ranks}
 
 
 def gather_contexts(ddp) -> Optional[Dict[int, bytes]]:
