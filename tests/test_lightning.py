@@ -2,39 +2,28 @@
 SHA-256 on 1, 2 and 4 processes and after a restart from its checkpoint on another number of processes; each
 setting it cannot honour fails at once, naming the setting."""
 import os
-import subprocess
-import sys
 
 import pytest
+from support.jobs import in_readme, printed_state, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_lightning.py")
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def run(script, *args, cwd):
-    return subprocess.run([sys.executable, script, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env=ENV)
-
-
-def state(out) -> str:
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("state ")]
-    assert len(lines) == 1, out.stdout
-    return lines[0]
+    return run_script([script, *args], cwd)
 
 
 def test_the_same_bits_on_1_2_and_4_processes_and_after_a_restart_on_another(tmp_path):
-    full = {d: state(run(EXAMPLE, "--devices", str(d), cwd=tmp_path)) for d in (1, 2, 4)}
+    full = {d: printed_state(run(EXAMPLE, "--devices", str(d), cwd=tmp_path)) for d in (1, 2, 4)}
     assert full[1] == full[2] == full[4]
-    first = state(run(EXAMPLE, "--devices", "2", "--epochs", "1", "--ckpt-dir", "ck", cwd=tmp_path))
+    first = printed_state(run(EXAMPLE, "--devices", "2", "--epochs", "1", "--ckpt-dir", "ck", cwd=tmp_path))
     assert first != full[1]  # an epoch short: what the restart must make up
-    assert state(run(EXAMPLE, "--devices", "4", "--resume", "ck/last.ckpt", cwd=tmp_path)) == full[1]
+    assert printed_state(run(EXAMPLE, "--devices", "4", "--resume", "ck/last.ckpt", cwd=tmp_path)) == full[1]
 
 
 def test_the_readme_shows_the_example_as_it_runs():
-    with open(os.path.join(ROOT, "README.md")) as f, open(EXAMPLE) as g:
-        assert g.read() in f.read()
+    assert in_readme(EXAMPLE)
 
 
 @pytest.mark.parametrize("mode, says", [

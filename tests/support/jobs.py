@@ -141,3 +141,30 @@ NATIVE = determinism.native_isa()
 OLDER = determinism.isa_below(NATIVE)
 needs_older = pytest.mark.skipif(OLDER is None, reason=f"no instruction-set level below this CPU's ({NATIVE}) "
                                                        "to emulate an older machine with")
+
+
+def run_script(argv: List[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python ARGV` (one intra-op thread) to its end; whatever it started (Lightning's or torchrun's worker
+    processes) is killed afterwards, even on a timeout."""
+    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_tree(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def printed_state(out: subprocess.CompletedProcess) -> str:
+    """The one `state SHA-256` line an example prints, failing with its output if it did not end well."""
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("state ")]
+    assert len(lines) == 1, out.stdout
+    return lines[0]
+
+
+def in_readme(path: str) -> bool:
+    """Whether the README shows the file at `path` verbatim."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "README.md")) as f, open(path) as g:
+        return g.read() in f.read()
