@@ -206,8 +206,10 @@ def _call(ray, ref):
 
 
 def start(args) -> int:
-    from ..sched.policies import POLICIES
+    from ..sched.policies import POLICIES, RENAMED
 
+    if args.policy in RENAMED:
+        raise UsageError(f"--policy {args.policy} is now {RENAMED[args.policy]}")
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
     slots = _slots(args.slots, args.slot_type)
