@@ -16,9 +16,11 @@ the Trainer's per-process RNG files are not restored (the contexts hold every wo
 the setting: more processes than virtual workers, `gradient_accumulation_steps` above 1, and a resume from a
 checkpoint written inside an epoch (use `save_strategy="epoch"`).
 """
+import atexit
 import os
 
 import torch
+import torch.distributed as dist
 from transformers import Trainer, TrainerState
 from transformers.utils import is_datasets_available
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
@@ -53,6 +55,11 @@ class EasyScaleTrainer(Trainer):
                              " cannot be honoured by EasyScaleTrainer: each step already runs every virtual "
                              "worker's micro-batch; raise virtual_world_size or per_device_train_batch_size instead")
         self._ddp = None
+        if dist.is_initialized():
+            # Accelerate leaves torchrun's group alive into interpreter shutdown, where a gloo worker thread can
+            # abort the process (pytorch/pytorch#190489); Lightning ends it at exit likewise.
+            atexit.unregister(_end_process_group)
+            atexit.register(_end_process_group)
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if not training:
@@ -138,3 +145,7 @@ class EasyScaleTrainer(Trainer):
     def _load_rng_state(self, checkpoint):
         pass  # every virtual worker's streams came back with its context
 
+
+def _end_process_group():
+    if dist.is_initialized():
+        dist.destroy_process_group()

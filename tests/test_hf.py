@@ -38,6 +38,14 @@ def test_a_setting_it_cannot_honour_is_named(tmp_path, mode, says):
     assert out.returncode != 0 and says in out.stderr, out.stderr[-3000:]
 
 
+def test_the_process_group_ends_before_the_interpreter_does(tmp_path):
+    # Accelerate leaves it alive, and a gloo group alive at interpreter shutdown can abort a finished run.
+    out = run_script(["-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                      os.path.join(ROOT, "tests", "support", "hf_misuse.py"), "exit", str(tmp_path / "out")], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("group at exit: ended") == 2, out.stdout
+
+
 def test_more_processes_than_virtual_workers_are_refused(tmp_path):
     out = torchrun(2, "--virtual-workers", "1", cwd=tmp_path)
     assert out.returncode != 0

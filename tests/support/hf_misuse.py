@@ -1,7 +1,10 @@
-"""Trainer settings EasyScaleTrainer cannot honour, one per run: `python hf_misuse.py MODE OUT`."""
+"""Trainer settings EasyScaleTrainer cannot honour, one per run: `python hf_misuse.py MODE OUT`; mode `exit` (under
+torchrun) only prints whether the process group is gone when the interpreter exits."""
+import atexit
 import sys
 
 import torch
+import torch.distributed as dist
 from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
 
 from easyscale_ext.hf import EasyScaleTrainer
@@ -17,6 +20,8 @@ class Sequences(torch.utils.data.Dataset):
 
 
 mode, out = sys.argv[1:]
+# Registered first, so run last: after EasyScaleTrainer's own handler.
+atexit.register(lambda: print(f"group at exit: {'alive' if dist.is_initialized() else 'ended'}", flush=True))
 model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1,
                                                  num_attention_heads=1, intermediate_size=8,
                                                  max_position_embeddings=16))
@@ -25,6 +30,7 @@ args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, num_trai
                          gradient_accumulation_steps=2 if mode == "accumulate" else 1,
                          save_strategy="steps" if mode == "mid-epoch" else "no", save_steps=3)
 trainer = EasyScaleTrainer(model=model, args=args, train_dataset=Sequences(), virtual_world_size=2)
-trainer.train()
+if mode != "exit":
+    trainer.train()
 if mode == "mid-epoch":
     trainer.train(resume_from_checkpoint=f"{out}/checkpoint-3")
