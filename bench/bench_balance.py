@@ -1,7 +1,7 @@
 """Heterogeneous processes on one machine: throughput of the even split, the balanced split and the
 ideal (issue 12).
 
-Three processes of tests/train_job.py's conv net, N virtual workers, pinned so that process 0 has a core
+Three processes of tests/support/train_job.py's conv net, N virtual workers, pinned so that process 0 has a core
 to itself and processes 1 and 2 share another (speeds about 1 : 1/2 : 1/2). Runs, interleaved:
   even      the even split, no balancer
   balanced  ElasticMember(balance=...): rebalances in place once the speeds are measured
@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOB = os.path.join(ROOT, "tests", "train_job.py")
+JOB = os.path.join(ROOT, "tests", "support", "train_job.py")
 sys.path.insert(0, ROOT)
 
 

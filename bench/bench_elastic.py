@@ -4,7 +4,7 @@ pause = end of the last step before the event -> end of the first step after
 it, on a process that lives through the event. In-place (stop-free) scaling
 under easyscale_ext.elastic.launcher against checkpoint-and-restart through torchrun
 (stop at a step with a checkpoint, start again on the new process count and
-resume), scale-out 1 -> 2 and scale-in 2 -> 1, same model (tests/train_job.py's
+resume), scale-out 1 -> 2 and scale-in 2 -> 1, same model (tests/support/train_job.py's
 conv net, N = 4) on the same machine. Medians over --repeats runs.
 
     .venv/bin/python bench/bench_elastic.py [--repeats 3] [--json PATH]
@@ -20,7 +20,7 @@ import tempfile
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOB = os.path.join(ROOT, "tests", "train_job.py")
+JOB = os.path.join(ROOT, "tests", "support", "train_job.py")
 WORK = ["--mode", "easyscale", "--virtual-workers", "4", "--batch", "32", "--steps", "25", "--epochs", "8"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 

@@ -1,7 +1,7 @@
 """Fault injection for in-place elastic jobs (issue 16): random trials over
 {SIGTERM, kill -9} x {member, rank 0, joiner} x {mid-step, scale event, checkpoint write}.
 
-Each trial runs tests/train_job.py under the launcher (3 processes, N = 4 virtual workers, a
+Each trial runs tests/support/train_job.py under the launcher (3 processes, N = 4 virtual workers, a
 CNN with BatchNorm, 6 steps, a checkpoint every step, a scale event at the trial's step) and
 signals one process where the trial says; the final state must equal the fixed single-process
 reference bitwise. Kill points: "mid-step" = after that process's first backward of the step;
@@ -32,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from jobs import run_elastic, run_job  # noqa: E402
+from support.jobs import run_elastic, run_job  # noqa: E402
 
 STEPS = 6  # 3 steps per epoch, 2 epochs
 

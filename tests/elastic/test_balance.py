@@ -61,7 +61,7 @@ def two_cores():
 
 
 WORK = dict(n=12, steps=8, batch=128)  # workers long enough (ms) for time-sharing to show
-JOB_THRESHOLD = 0.15  # tests/train_job.py's Balancer: the predicted gain it acts on
+JOB_THRESHOLD = 0.15  # tests/support/train_job.py's Balancer: the predicted gain it acts on
 
 
 def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):

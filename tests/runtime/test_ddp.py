@@ -1,6 +1,6 @@
 """EasyScaleDDP is bitwise identical for every placement of N virtual workers.
 
-Each case runs tests/train_job.py as real processes (gloo on localhost) and
+Each case runs tests/support/train_job.py as real processes (gloo on localhost) and
 compares a SHA-256 over parameters, buffers and optimizer state after two
 epochs of three steps with the single-process pure-PyTorch reference.
 """

@@ -1,4 +1,4 @@
-"""Runs tests/train_job.py as real processes on localhost and returns rank 0's state hash."""
+"""Runs tests/support/train_job.py as real processes on localhost and returns rank 0's state hash."""
 import functools
 import os
 import signal
