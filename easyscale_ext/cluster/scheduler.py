@@ -397,13 +397,13 @@ class Scheduler:
                 continue
             if state["done"] is not None:
                 ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
-                why = self.suspending.pop(job_id, "preempted")
+                why = self.suspending.pop(job_id, "every process left (SIGTERM)")
                 if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
                     self._wait_until_gone(f"job/{job_id}")
                     if job_id in self.models:  # its model keeps its history (attained service, progress)
                         self.models[job_id].allocate({}, 0.0)
                     note = f"suspended at step {state['suspended']}: {why}" if state.get("suspended") is not None \
-                        else "its processes went with their nodes"
+                        else state["orphaned"]
                     self.table.update(job_id, state="queued", nodes=[], note=note)
                     log.warning("%s: %s; queued to start again", job_id, note)
                 else:

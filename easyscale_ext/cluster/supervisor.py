@@ -13,6 +13,7 @@ in the log folder on the head.
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -54,7 +55,8 @@ class JobSupervisor:
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
         self.gone_with_node: set = set()  # processes lost with their node
         self.retired: set = set()  # processes whose slot's actor has been ended
-        self.orphaned = False  # the job ended because every process of it went with its node
+        self.orphaned: Optional[str] = None  # why the job ended unfinished with no process to go on: every one went
+        # with its node or was killed (SIGKILL: an OOM kill, a node's agent); it resumes from its newest checkpoint
         self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
         self.suspended: Optional[int] = None  # the step it ended at, suspended before its last one
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
@@ -225,11 +227,12 @@ class JobSupervisor:
             codes = [self.exit_codes[m] for m in members] or [0]
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
-            self.orphaned = bool(members) and all(m in self.gone_with_node for m in members)
-            progress = json.loads(store.get("progress")) if store.check(["progress"]) else {}
-            if self.suspending and all(c == 0 for c in codes) and progress.get("step", 0) < (progress.get("total")
-                                                                                           or float("inf")):
-                self.suspended = progress.get("step", 0)  # not finished: it left at a boundary, saved
+            if members and all(m in self.gone_with_node for m in members):
+                self.orphaned = "its processes went with their nodes"
+            elif members and all(m in self.gone_with_node or self.exit_codes[m] == -signal.SIGKILL for m in members):
+                self.orphaned = "its processes were killed (SIGKILL)"  # a script's own error exits otherwise
+            if all(c == 0 for c in codes) and store.check(["stopped"]):  # every process left (suspend(), SIGTERM)
+                self.suspended = int(store.get("stopped"))  # at a boundary, saved: not finished
             self.done_at = time.time()
             self.done = next((c for c in codes if c != 0), 0)
             for w in alive:  # detached: they go with the job, and their processes with them
@@ -237,9 +240,11 @@ class JobSupervisor:
             return
         if any(m in self.exit_codes for m in members):
             return  # ending, or recovering from a lost process: act on the generation that follows
-        if any(w in self.joiners and w not in members and w not in self.withdrawn and code != 0
-               for w, code in self.exit_codes.items()):
-            return  # a joiner failed: another started the same way would too (its log says why)
+        if any(w in self.joiners and w not in members and w not in self.withdrawn and code > 0
+               for w, code in self.exit_codes.items()):  # a joiner failed (killed ones, by a signal, are replaced):
+            if store.get("target") != str(len(members)).encode():  # another started the same way would too (its
+                store.set("target", str(len(members)))  # log says why); rank 0 must not wait for it
+            return
         pending = [w for w in alive if w in self.joiners and w not in members and w not in self.withdrawn
                    and not store.check([f"admit/{w}"])]
         holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)

@@ -6,6 +6,7 @@ import signal
 
 FAULT_ENV = "EASYSCALE_FAULT"
 POINTS = (
+    "starting",     # a first member, before the job's first group forms
     "registering",  # a joiner, prepared and checked, before it says it is ready
     "admitted",     # a joiner told its generation, before that generation's group forms
     "admitting",    # a member, once rank 0 has written the next generation and admitted its joiners

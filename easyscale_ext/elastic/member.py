@@ -82,7 +82,8 @@ class ElasticMember:
         self._terminated = False
         signals.on_sigterm(self._leave_on_sigterm)
         if not self.joining:
-            self.membership.enter(0)
+            faults.reach("starting")
+            self.membership.enter_first()
 
     @property
     def generation(self) -> int:
@@ -245,6 +246,8 @@ class ElasticMember:
 
     def _stop(self, position: Position, checkpointer) -> None:
         """Every process leaves: the job ends here, saved if it can be."""
+        if self.rank == 0:  # stopped, not finished: what a supervisor needs to queue the job again
+            self.store.set("stopped", str(position.step))
         if checkpointer is not None:
             checkpointer.save(position)
         elif self.rank == 0:

@@ -76,6 +76,19 @@ class Membership:
             if self.backend == "gloo" else {}
         self._watch = (generation, list(self.members), sockets)
 
+    def enter_first(self) -> None:
+        """Form the job's first group. A first member lost before it formed (say, its node went as the job started)
+        is left out: nobody has trained yet, so the others form the next generation without it and lose nothing
+        but its slot, which a joiner fills in place. The first to see the loss writes that generation."""
+        generation = 0
+        while True:
+            try:
+                return self.enter(generation)
+            except MemberLost:
+                survivors = [m for m in self.members if not self.lost(m)]
+                self.store.compare_set(f"gen/{generation + 1}/members", "", json.dumps(survivors))
+                generation += 1
+
     def close(self) -> None:
         """Stop the heartbeat and leave the group."""
         self._stop_heartbeat()

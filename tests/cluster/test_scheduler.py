@@ -2,6 +2,7 @@
 never share a slot, every job ends with its fixed-size run's bits, and bad input changes nothing."""
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -151,6 +152,30 @@ def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one
         deadline = time.monotonic() + 120
         wait_for_step(status, 5, deadline)
         ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))  # as a crash of its actor
+        while (now := status())["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 180, f"did not end: {now}"
+            time.sleep(0.5)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert now["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), (now, log[-2000:])
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+    finally:
+        stop(scheduler)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from_its_checkpoint(cluster, tmp_path,
+                                                                                                 sig):
+    """kill -9 (as an OOM kill) or SIGTERM (as a node's drain) of a job's only process: nobody recovers in place,
+    and neither is the job's end. It is queued again and resumes from its newest checkpoint, bitwise."""
+    scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
+    try:
+        job = ray.get(scheduler.submit.remote(resumable_argv(tmp_path / "hash", 2, tmp_path / "ckpt", 2), 2, 1, 1,
+                                              "alone", ENV))
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        deadline = time.monotonic() + 120
+        wait_for_step(status, 5, deadline)
+        slot = ray.get_actor(f"{job}/w0", namespace="easyscale")
+        os.kill(ray.get(slot.__ray_call__.remote(lambda worker: worker.child.pid)), sig)
         while (now := status())["state"] in ("queued", "running"):
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)

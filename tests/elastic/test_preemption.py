@@ -119,6 +119,7 @@ def test_kill9_of_a_joiner_after_it_registered_does_not_stall_the_job(tmp_path):
 
 
 @pytest.mark.parametrize("procs,schedule,victim,point", [
+    (2, "", 1, "starting"),        # a first member, before the job's first group forms: the other starts alone
     (2, "2:3", 2, "registering"),  # the joiner, prepared, before it says it is ready
     (2, "2:3", 2, "admitted"),     # the joiner, admitted, before the new generation's group forms
     (2, "2:3", 2, "adopting"),     # the joiner, in the state broadcast
