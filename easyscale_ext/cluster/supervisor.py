@@ -227,14 +227,19 @@ class JobSupervisor:
             codes = [self.exit_codes[m] for m in members] or [0]
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
-            if members and all(m in self.gone_with_node for m in members):
+            stopped = store.check(["stopped"])  # every process left at a boundary (suspend(), SIGTERM), saved
+            finished = 0 in codes and not stopped  # a member that ends unasked ended the job's training
+            killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script
+            # set its handler; a script's own error exits otherwise
+            if not finished and members and all(m in self.gone_with_node for m in members):
                 self.orphaned = "its processes went with their nodes"
-            elif members and all(m in self.gone_with_node or self.exit_codes[m] == -signal.SIGKILL for m in members):
-                self.orphaned = "its processes were killed (SIGKILL)"  # a script's own error exits otherwise
-            if all(c == 0 for c in codes) and store.check(["stopped"]):  # every process left (suspend(), SIGTERM)
-                self.suspended = int(store.get("stopped"))  # at a boundary, saved: not finished
+            elif not finished and members and all(m in self.gone_with_node or self.exit_codes[m] in killed
+                                                  for m in members):
+                self.orphaned = "its processes were killed"
+            if stopped and all(c == 0 for c in codes):
+                self.suspended = int(store.get("stopped"))  # not finished: it resumes from there
             self.done_at = time.time()
-            self.done = next((c for c in codes if c != 0), 0)
+            self.done = 0 if finished else next((c for c in codes if c != 0), 0)
             for w in alive:  # detached: they go with the job, and their processes with them
                 self._retire(w, keep_log=False)
             return
