@@ -1,7 +1,6 @@
 """bench/bench_chaos.py's short version, as CI runs it: 3 jobs on a 3-node cluster, 8 random faults (a fixed
 seed); every job must end with its fixed-size run's bits, none lost or run twice at once (its exit status)."""
 import os
-import sys
 
 import pytest
 
