@@ -336,7 +336,7 @@ def _from_table(saved: dict, job_id, ended):
     """(nodes, jobs) as `status` shows them, read from the scheduler's job table if the scheduler runs on this
     machine and described the cluster there lately (within FRESH_S); else None (ask it through Ray, which also
     says what is wrong when it does not run)."""
-    from ..cluster.jobtable import JobTable
+    from ..cluster.jobtable import JobTable, no_such_job
 
     path = os.path.join(saved["state"], "jobs.sqlite")
     if not os.path.exists(path) or _ended(saved):
@@ -351,7 +351,7 @@ def _from_table(saved: dict, job_id, ended):
     except sqlite3.Error:  # a table of an older scheduler: ask it
         return None
     if job_id and not jobs:
-        raise UsageError(f"no job {job_id!r}: `easyscale status` lists the cluster's jobs")
+        raise UsageError(no_such_job(job_id))
     for job in jobs:
         if job["state"] != "running":  # its last answer is history
             job["live"] = None

@@ -31,6 +31,11 @@ _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in 
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted)")
 
 
+def no_such_job(job_id: str) -> str:
+    """What the scheduler and `easyscale` say of a job id the table lacks."""
+    return f"no job {job_id!r}: `easyscale status` lists the cluster's jobs"
+
+
 class JobTable:
     def __init__(self, path: str, read_only: bool = False):
         """The table at `path`, created if need be; with `read_only`, an existing one, opened for reading only

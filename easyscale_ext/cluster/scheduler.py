@@ -31,7 +31,7 @@ from ..sched.policies import POLICIES
 from ..sched.policies.base import Policy
 from ..sched.policies.limits import Limits
 from . import NAMESPACE, SLOT, TYPED, reserve
-from .jobtable import JobTable
+from .jobtable import JobTable, no_such_job
 from .supervisor import JobSupervisor
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class Scheduler:
     def _job(self, job_id: str) -> dict:
         job = self.table.get(job_id)
         if job is None:
-            raise ValueError(f"no job {job_id!r}: `easyscale status` lists the cluster's jobs")
+            raise ValueError(no_such_job(job_id))
         return job
 
     def _capacity(self, slots: Dict[str, int]) -> Dict[str, int]:
@@ -414,13 +414,9 @@ class Scheduler:
                     table.pop(job_id, None)
                 continue
             progress, model = state["progress"], self.models.get(job_id)
-            if state != self.answers.get(job_id):  # what `status` shows of it
-                self.table.update(job_id, live=state, step_s=self.step_s.get(job_id))
-                self.answers[job_id] = state
-            if model is None or not models:
-                continue
+            following = model is not None and models
             done = step_s = None
-            if progress:
+            if following and progress:
                 done = progress["step"] / progress["total"] if progress.get("total") else None
                 # A speed is the model's only if measured on the slots its model holds, all along: not while
                 # joiners prepare for a move (the model holds the new slots already; a policy that read the old
@@ -430,8 +426,12 @@ class Scheduler:
                 last = self.last_step.get(job_id)
                 if held and last and last[2] == held and progress["step"] > last[1]:
                     step_s = self.step_s[job_id] = (progress["time"] - last[0]) / (progress["step"] - last[1])
-                    self.table.update(job_id, step_s=step_s)
                 self.last_step[job_id] = (progress["time"], progress["step"], held)
+            if state != self.answers.get(job_id):  # what `status` shows of it, in one write
+                self.table.update(job_id, live=state, step_s=self.step_s.get(job_id))
+                self.answers[job_id] = state
+            if not following:
+                continue
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now
 
