@@ -101,9 +101,14 @@ class Scheduler:
         self.lock = threading.Lock()  # a round and a verb that changes allocations never interleave
         for job in self.table.list(("running",)):  # a restarted scheduler takes its running jobs back
             try:
-                self.supervisors[job["id"]] = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
+                self.supervisors[job["id"]] = supervisor = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
             except ValueError:  # its supervisor is gone (with the head node): it resumes from its checkpoint
                 self._requeue_orphan(job["id"])
+                continue
+            if job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
+                # a supervisor still starting was lost with it, which left the job running with no process
+                ref = supervisor.place.remote(job["nodes"], [self._type(n) for n in job["nodes"]])
+                self.placing[ref] = (job["id"], False)
         for job in self.table.list(("queued",)):  # a supervisor whose round died before the job was marked running
             try:  # has started no process (a round places a job after marking it): end it, its name is the job's
                 ray.kill(ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE))

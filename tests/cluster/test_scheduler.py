@@ -141,6 +141,33 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by)
         ray.kill(second)
 
 
+def test_a_job_whose_first_placement_died_with_the_scheduler_starts_under_the_next(cluster, tmp_path):
+    """A scheduler that died after marking a job running and starting its supervisor, before its place() call
+    reached that supervisor (still starting: the call died with its caller). The next scheduler places the job again
+    on the slots the table gives it: it would otherwise stay running with no process."""
+    from easyscale_ext.cluster import NAMESPACE
+    from easyscale_ext.cluster.jobtable import JobTable
+    from easyscale_ext.cluster.supervisor import JobSupervisor
+
+    state = tmp_path / "state"
+    state.mkdir()
+    table = JobTable(str(state / "jobs.sqlite"))
+    job = table.add("unplaced", job_argv(tmp_path / "hash", 2), ENV, 2, 1, 1, logs=str(state / "logs"))
+    table.update(job, state="running", started=time.time(), nodes=[cluster.node_ids()[0]])
+    JobSupervisor.options(name=f"job/{job}", namespace=NAMESPACE, lifetime="detached").remote(
+        job, job_argv(tmp_path / "hash", 2), ENV, str(state / "logs" / job), 2)
+    scheduler = launch(str(state), "fifo", 0.5)
+    try:
+        deadline = time.monotonic() + 180
+        while (now := ray.get(scheduler.status.remote(job))[0])["state"] == "running":
+            assert time.monotonic() < deadline, f"did not end: {now}"
+            time.sleep(0.5)
+        assert now["state"] == "finished"
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=4)
+    finally:
+        stop(scheduler)
+
+
 def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one_bitwise(cluster, tmp_path):
     """The supervisor hosts the job's store: when its actor dies, the job's processes are ended (never two of one
     job at once) and the job resumes from its newest checkpoint under a new supervisor, with its fixed-size bits."""
