@@ -1,0 +1,140 @@
+"""How each policy's decision grows (issue 38, part 3): CPU seconds per scheduling round against the active jobs
+(10 to 10,000) and the GPUs (64 to 4,096).
+
+Jobs are drawn in turn from Sia's eight Philly workloads (their applications and sizes), all arriving at once. The
+cluster has Sia's three types in equal parts, 8 GPUs a node. The simulator runs `--rounds` rounds, and only each
+`optimize` call is timed: the decision, not the simulation's bookkeeping. A point whose slowest round passed
+`--cap` seconds skips that policy's larger points, which would only take longer; the table marks them `>cap`.
+It prints the median round per point, writes them as JSON, and draws a log-log plot (seconds per round against
+jobs, one line per GPU count).
+
+    python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
+                                 [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
+"""
+import argparse
+import itertools
+import json
+import signal
+import statistics
+import time
+from dataclasses import replace
+
+from easyscale_ext.sched.models.application import STAND_INS, Applications
+from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.models.workload import load_workload, with_stand_ins
+from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.simulator import simulate, validate
+
+TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
+
+
+class Enough(Exception):
+    """Raised out of the simulation once the rounds asked for are timed."""
+
+
+def _timeout(*_):
+    raise TimeoutError
+
+
+class Timed:
+    """`policy`, its optimize() calls timed (CPU seconds); the simulation ends after `rounds` of them."""
+
+    def __init__(self, policy, rounds: int):
+        self.policy, self.rounds, self.seconds = policy, rounds, []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def optimize(self, now, jobs, cluster, allocations):
+        begin = time.process_time()
+        decided = self.policy.optimize(now, jobs, cluster, allocations)
+        self.seconds.append(time.process_time() - begin)
+        if len(self.seconds) == self.rounds:
+            raise Enough
+        return decided
+
+
+def cluster_of(gpus: int) -> Cluster:
+    nodes = gpus // 8
+    share = [nodes // len(TYPES) + (i < nodes % len(TYPES)) for i in range(len(TYPES))]
+    return Cluster.parse(",".join(f"{k}x8:{t}" for k, t in zip(share, TYPES) if k))
+
+
+def jobs_of(count: int, pool) -> list:
+    return [replace(spec, name=f"j{i}", arrival=0.0) for i, spec in zip(range(count), itertools.cycle(pool))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[64, 512, 4096])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cap", type=float, default=30.0, help="seconds a round may take before larger points are skipped")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--json", default="")
+    ap.add_argument("--plot", default="")
+    args = ap.parse_args()
+    signal.signal(signal.SIGALRM, _timeout)
+
+    data = data_dir()
+    apps = Applications(data)
+    pool = [s for w in range(1, 9)
+            for s in with_stand_ins(load_workload(data / "sia" / "workloads" / "philly" / f"workload-{w}.csv"),
+                                    STAND_INS)[0]]
+    rows = {}  # (policy, gpus, jobs) -> median seconds per round; None: over the cap, or skipped
+    for name in args.policies.split(","):
+        over = []  # points where a round passed the cap: every larger one is skipped
+        for gpus, jobs in itertools.product(sorted(args.gpus), sorted(args.jobs)):
+            if any(g <= gpus and j <= jobs for g, j in over):
+                rows[name, gpus, jobs] = None
+                continue
+            specs, cluster = jobs_of(jobs, pool), cluster_of(gpus)
+            try:
+                validate(specs, POLICIES[name](0), cluster)
+            except ValueError as e:  # a policy that cannot run these jobs
+                print(f"{name}: {e}", flush=True)
+                break
+            timed = Timed(POLICIES[name](0), args.rounds)
+            signal.alarm(int(args.cap * args.rounds * 2))  # a round far over the cap is not waited out
+            try:
+                simulate(specs, timed, cluster, apps)
+            except (Enough, TimeoutError):
+                pass
+            finally:
+                signal.alarm(0)
+            if len(timed.seconds) < args.rounds or max(timed.seconds) > args.cap:
+                over.append((gpus, jobs))
+            rows[name, gpus, jobs] = statistics.median(timed.seconds) if len(timed.seconds) == args.rounds else None
+            print(f"{name:>20} {gpus:>5} GPUs {jobs:>6} jobs: {timed.seconds} s", flush=True)
+
+    points = list(itertools.product(sorted(args.gpus), sorted(args.jobs)))
+    print("\n| policy | " + " | ".join(f"{j} jobs, {g} GPUs" for g, j in points) + " |")
+    print("|---|" + "---:|" * len(points))
+    for name in dict.fromkeys(n for n, _, _ in rows):
+        cells = [rows.get((name, g, j), "-") for g, j in points]
+        print(f"| {name} | " + " | ".join("-" if c == "-" else f">{args.cap:g}" if c is None else f"{c:.3g}"
+                                          for c in cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(policy=n, gpus=g, jobs=j, seconds=s) for (n, g, j), s in rows.items()], f, indent=1)
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = list(dict.fromkeys(n for n, _, _ in rows))
+        fig, axes = plt.subplots(1, len(args.gpus), figsize=(5 * len(args.gpus), 4), sharey=True, squeeze=False)
+        for ax, gpus in zip(axes[0], sorted(args.gpus)):
+            for name in names:
+                done = [(j, rows[name, gpus, j]) for j in sorted(args.jobs) if rows.get((name, gpus, j))]
+                if done:
+                    ax.loglog(*zip(*done), marker="o", label=name)
+            ax.set(title=f"{gpus} GPUs", xlabel="active jobs", ylabel="CPU seconds per round")
+        axes[0][-1].legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
