@@ -2,9 +2,10 @@
 (10 to 10,000) and the GPUs (64 to 4,096).
 
 Jobs are drawn in turn from Sia's eight Philly workloads (their applications and sizes), all arriving at once. The
-cluster has Sia's three types in equal parts, 8 GPUs a node. The simulator runs `--rounds` rounds, and only each
-`optimize` call is timed: the decision, not the simulation's bookkeeping. A point whose slowest round passed
-`--cap` seconds skips that policy's larger points, which would only take longer; the table marks them `>cap`.
+cluster has Sia's three types in equal parts, 8 GPUs a node (T4s only, for a policy of one GPU type). The simulator
+runs `--rounds` rounds, and only each `optimize` call is timed: the decision, not the simulation's bookkeeping. A
+point whose slowest round passed `--cap` seconds skips that policy's larger points, which would only take longer;
+the table marks them `>cap`.
 It prints the median round per point, writes them as JSON, and draws a log-log plot (seconds per round against
 jobs, one line per GPU count).
 
@@ -55,10 +56,10 @@ class Timed:
         return decided
 
 
-def cluster_of(gpus: int) -> Cluster:
+def cluster_of(gpus: int, types=TYPES) -> Cluster:
     nodes = gpus // 8
-    share = [nodes // len(TYPES) + (i < nodes % len(TYPES)) for i in range(len(TYPES))]
-    return Cluster.parse(",".join(f"{k}x8:{t}" for k, t in zip(share, TYPES) if k))
+    share = [nodes // len(types) + (i < nodes % len(types)) for i in range(len(types))]
+    return Cluster.parse(",".join(f"{k}x8:{t}" for k, t in zip(share, types) if k))
 
 
 def jobs_of(count: int, pool) -> list:
@@ -83,15 +84,22 @@ def main():
             for s in with_stand_ins(load_workload(data / "sia" / "workloads" / "philly" / f"workload-{w}.csv"),
                                     STAND_INS)[0]]
     rows = {}  # (policy, gpus, jobs) -> median seconds per round; None: over the cap, or skipped
+    one_type = set()  # policies that ran on T4s only
     for name in args.policies.split(","):
         over = []  # points where a round passed the cap: every larger one is skipped
         for gpus, jobs in itertools.product(sorted(args.gpus), sorted(args.jobs)):
             if any(g <= gpus and j <= jobs for g, j in over):
                 rows[name, gpus, jobs] = None
                 continue
-            specs, cluster = jobs_of(jobs, pool), cluster_of(gpus)
+            specs = jobs_of(jobs, pool)
             try:
-                validate(specs, POLICIES[name](0), cluster)
+                cluster = cluster_of(gpus)
+                try:
+                    validate(specs, POLICIES[name](0), cluster)
+                except ValueError:  # a policy of one GPU type: all T4s
+                    cluster = cluster_of(gpus, TYPES[:1])
+                    validate(specs, POLICIES[name](0), cluster)
+                    one_type.add(name)
             except ValueError as e:  # a policy that cannot run these jobs
                 print(f"{name}: {e}", flush=True)
                 break
@@ -113,7 +121,8 @@ def main():
     print("|---|" + "---:|" * len(points))
     for name in dict.fromkeys(n for n, _, _ in rows):
         cells = [rows.get((name, g, j), "-") for g, j in points]
-        print(f"| {name} | " + " | ".join("-" if c == "-" else f">{args.cap:g}" if c is None else f"{c:.3g}"
+        label = f"{name} (T4 only)" if name in one_type else name
+        print(f"| {label} | " + " | ".join("-" if c == "-" else f">{args.cap:g}" if c is None else f"{c:.3g}"
                                           for c in cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
