@@ -11,6 +11,7 @@ jobs, one line per GPU count).
 
     python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
+    python bench/bench_growth.py --philly fifo,tiresias   # the whole Philly trace on 300 x 8 GPUs, CPU seconds
 """
 import argparse
 import itertools
@@ -75,11 +76,20 @@ def main():
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="")
+    ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
     args = ap.parse_args()
     signal.signal(signal.SIGALRM, _timeout)
 
     data = data_dir()
     apps = Applications(data)
+    if args.philly:
+        trace = load_workload(data / "pollux" / "traces" / "philly.csv")
+        for name in args.philly.split(","):
+            begin = time.process_time()
+            result = simulate(trace, POLICIES[name](0), Cluster.parse("300x8"), apps)
+            print(f"{name}: {len(trace)} jobs, {len(result.timeline['time'])} rounds, "
+                  f"{time.process_time() - begin:.1f} s CPU", flush=True)
+        return
     pool = [s for w in range(1, 9)
             for s in with_stand_ins(load_workload(data / "sia" / "workloads" / "philly" / f"workload-{w}.csv"),
                                     STAND_INS)[0]]
