@@ -81,7 +81,7 @@ class Chaos:
 
         from easyscale_ext.cluster.scheduler import launch
 
-        self.ray, self.work, self.rng = ray, work, random.Random(seed + 1)
+        self.ray, self.rng = ray, random.Random(seed + 1)
         self.alive_nodes = list(range(NODES))
         self.scheduler = launch(os.path.join(work, "state"), "fifo", 0.5, max_restarts=-1)
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -96,6 +96,7 @@ class Chaos:
         self.faults = []
         self.done = threading.Event()
         self.watcher = threading.Thread(target=self.watch, daemon=True)
+        self.t0 = time.time()  # the faults' and the jobs' times count from here
         self.watcher.start()
 
     def call(self, verb, *args):
@@ -209,7 +210,6 @@ class Chaos:
 def run(work: str, specs, seed: int, faults: int, gap: float) -> dict:
     """One run, its records by job (in submission order): status, timeline, SHA-256 written, time to its end."""
     chaos = Chaos(work, specs, seed)
-    chaos.t0 = time.time()
     if faults:
         chaos.inject(faults, gap)
     jobs = chaos.finish(timeout=600)

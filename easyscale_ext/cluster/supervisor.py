@@ -56,7 +56,7 @@ class JobSupervisor:
         self.gone_with_node: set = set()  # processes lost with their node
         self.retired: set = set()  # processes whose slot's actor has been ended
         self.orphaned: Optional[str] = None  # why the job ended unfinished with no process to go on: every one went
-        # with its node or was killed (SIGKILL: an OOM kill, a node's agent); it resumes from its newest checkpoint
+        # with its node or was killed (SIGKILL, or SIGTERM before its handler); it resumes from its newest checkpoint
         self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
         self.suspended: Optional[int] = None  # the step it ended at, suspended before its last one
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
