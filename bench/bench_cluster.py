@@ -5,19 +5,21 @@ Each job is a real EasyScaleDDP process group (bench/cluster_job.py) of 4 virtua
 may span types, and keeps its bits wherever it runs), in which every process pads its step to its application's
 profiled time for its share of the virtual workers on its slot's type: this machine has no GPUs, so device time
 is emulated (and the second type's node runs one instruction set lower: LocalCluster(emulate=True)). Jobs arrive
-every --gap seconds. The simulation's costs come from a separate calibration run first (never from the run
-compared): a job's first start (allocation to its first step), the in-place pause of a scale event, the joiners'
-preparation of a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to
-its processes' exit: it holds its slots until then), a suspension (the decision to the slots given back) and a
-resume (allocation to the first step after it), and how many starts go at full speed at once (starts that
-overlap share this machine's cores: SimConfig.parallel_starts, fitted with each start's full-speed cost); each
-job's length (its steps as a share of the application's epoch) is the simulator's slowdown, and a round starts at
-each arrival, as the scheduler does on a submission. Both drivers run the policy as it is, held to each job's limits
+every --gap seconds. The simulation's costs come from separate calibration runs first (never from the run
+compared), one per --calibration-policies, so that starts of one process and of whole jobs are both measured: a
+job's first start (allocation to its first step), the in-place pause of a scale event, the joiners' preparation of
+a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to its processes'
+exit: it holds its slots until then), a suspension (the decision to the slots given back) and a resume (allocation
+to the first step after it), and how many processes start at full speed at once (more share this machine's cores:
+SimConfig.parallel_starts, fitted with each start's full-speed cost); each job's length (its steps as a share of
+the application's epoch) is the simulator's slowdown, and a round starts at each arrival, as the scheduler does on
+a submission. Both drivers run the policy as it is, held to each job's limits
 (policies.limits: a job keeps its batch; preemptions are suspensions).
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
-    python bench/bench_cluster.py --costs costs.json --keep runs/  # keep the calibration, the runs' state and results
+    python bench/bench_cluster.py --costs costs.json --keep runs/  # keep the calibration, the runs' state and results;
+                                                                    # again: only the runs not kept yet run
 """
 import argparse
 import contextlib
@@ -104,18 +106,18 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
 
 
 def calibrated(measured) -> dict:
-    """The simulator's costs from the calibration's events. Starts (first starts, resumes, growths) that overlap
-    share this machine (SimConfig.parallel_starts): each start's share is the starts under way with it, averaged
-    over its duration (itself included); `parallel_starts` is the count that fits the starts best (least squares of
-    the log), each start cost its median at full speed; the other costs are medians."""
+    """The simulator's costs from the calibration's events. Processes that start at once (first starts, resumes,
+    joiners) share this machine (SimConfig.parallel_starts): each start's share is the processes starting with it,
+    averaged over its duration (its own included); `parallel_starts` is the count that fits the starts best (least
+    squares of the log), each kind of start costing its median at full speed; the other costs are medians."""
     import numpy as np
 
-    starts = [(kind, s, at) for kind in STARTS for _, s, at in measured[kind] if s > 0]
+    starts = [(kind, n, s, at) for kind in STARTS for n, s, at in measured[kind] if s > 0]
 
-    def sharing(at, seconds):  # starts under way, on average over [at, at + seconds]
-        return sum(max(min(at + seconds, a + s) - max(at, a), 0.0) for _, s, a in starts) / seconds
+    def sharing(at, seconds):  # processes starting, on average over [at, at + seconds]
+        return sum(n * max(min(at + seconds, a + s) - max(at, a), 0.0) for _, n, s, a in starts) / seconds
 
-    shared = [(kind, s, sharing(at, s)) for kind, s, at in starts]
+    shared = [(kind, s, sharing(at, s)) for kind, _, s, at in starts]
 
     def fit(parallel):
         full = {kind: statistics.median([s / max(1.0, k / parallel) for c, s, k in shared if c == kind] or [0.0])
@@ -161,15 +163,17 @@ def main():
     ap.add_argument("--gap", type=float, default=5.0, help="seconds between arrivals")
     ap.add_argument("--round", type=float, default=5.0, help="seconds per scheduling round")
     ap.add_argument("--runs", type=int, default=3, help="runs of each policy; the table gives medians")
-    ap.add_argument("--calibration-policy", default="easyscale-heter",
-                    help="the calibration run's policy (it should grow jobs in place)")
+    ap.add_argument("--calibration-policies", default="easyscale-heter,fifo",
+                    help="the calibration runs' policies: one that grows jobs in place (1-process starts, joiners) and "
+                    "one that starts whole jobs (4-process starts)")
     ap.add_argument("--costs", help="a JSON file of measured costs: read if it exists (no calibration run), else "
                     "written after the calibration run")
     ap.add_argument("--keep", help="a folder to keep the runs in (state, logs, each run's real and simulated results "
-                    "as JSON) instead of a temporary one")
+                    "as JSON) instead of a temporary one; runs kept there are simulated again, not rerun")
     args = ap.parse_args()
     from easyscale_ext.cluster.local import LocalCluster
     from easyscale_ext.sched.metrics import summarize
+    from easyscale_ext.sched.simulator import Result
 
     cluster = LocalCluster(nodes=len(TYPES), slots=SLOTS, types=TYPES, emulate=True)
     trace = [(i * args.gap, APPS[i % len(APPS)]) for i in range(args.jobs)]
@@ -186,36 +190,47 @@ def main():
                 with open(args.costs) as f:
                     measured = {c: [tuple(e) for e in v] for c, v in json.load(f).items()}
             else:
-                *_, hashes, measured = run_for_real(args.calibration_policy, trace, args.steps, args.time_scale,
-                                                    args.round, os.path.join(work, "calibration"),
-                                                    suspend_all_at=args.gap * args.jobs / 2)
-                digests |= hashes
+                measured = {c: [] for c in COSTS}
+                for policy in args.calibration_policies.split(","):
+                    *_, hashes, events = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
+                                                      os.path.join(work, "calibration"),
+                                                      suspend_all_at=args.gap * args.jobs / 2)
+                    digests |= hashes
+                    for c in COSTS:
+                        measured[c] += events[c]
                 if args.costs:
                     with open(args.costs, "w") as f:
                         json.dump(measured, f)
             costs, counts = calibrated(measured), {c: len(v) for c, v in measured.items()}
-            print(f"calibration ({args.calibration_policy}): {costs} from {counts} events", file=sys.stderr)
+            print(f"calibration ({args.calibration_policies}): {costs} from {counts} events", file=sys.stderr)
             for run in range(args.runs):
                 for policy in policies:
-                    result, rounds, hashes, _ = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
-                                                             os.path.join(work, str(run)))
+                    kept_run = os.path.join(work, str(run), f"{policy}.json")
+                    if os.path.exists(kept_run):  # a kept run: simulated again, with these costs
+                        with open(kept_run) as f:
+                            saved = json.load(f)
+                        result, rounds, hashes = Result(**saved["real"]), saved["rounds"], set(saved["hashes"])
+                    else:
+                        result, rounds, hashes, _ = run_for_real(policy, trace, args.steps, args.time_scale,
+                                                                 args.round, os.path.join(work, str(run)))
                     digests |= hashes
                     real = summarize(result, len(TYPES) * SLOTS)
                     simulated = simulate_run(policy, result, args.steps, args.time_scale, args.round, costs)
                     sim = summarize(simulated, len(TYPES) * SLOTS)
                     if args.keep:
-                        with open(os.path.join(work, str(run), f"{policy}.json"), "w") as f:
-                            json.dump({"real": result.to_json(), "simulated": simulated.to_json()}, f)
+                        with open(kept_run, "w") as f:
+                            json.dump({"real": result.to_json(), "simulated": simulated.to_json(), "rounds": rounds,
+                                       "hashes": sorted(hashes)}, f)
                     runs[policy].append((real["avg_jct"], sim["avg_jct"], sim["avg_jct"] / real["avg_jct"],
                                          real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds)))
                     print(f"run {run + 1}, {policy}: sim / real {runs[policy][-1][2]:.2f}", file=sys.stderr,
                           flush=True)
     finally:
         cluster.shutdown()
-    print("Calibration run (" + args.calibration_policy + ", every slot reserved for 5 s halfway): medians, s: "
+    print("Calibration runs (" + args.calibration_policies + ", every slot reserved for 5 s halfway): medians, s: "
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
-          + f" (start, resume and join at full speed); {costs['parallel_starts']:g} starts at once go at full speed, "
-          "more share the machine\n")
+          + f" (start, resume and join at full speed); {costs['parallel_starts']:g} processes starting at once go at "
+          "full speed, more share the machine\n")
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
           "| round median / max (s) |")

@@ -41,9 +41,9 @@ class SimConfig:
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
-    parallel_starts: float = 0.0  # starts (a job's first start or a resume, its joiners preparing) that go at full
-    # speed at once; k > that each go at parallel_starts / k (0: no limit). Cluster mode on one machine: every start
-    # shares its few cores
+    parallel_starts: float = 0.0  # processes starting (a job's first start or a resume, its joiners preparing) that
+    # go at full speed at once; with k > that, every start goes at parallel_starts / k (0: no limit). Cluster mode on
+    # one machine: every process that starts (imports torch, builds its job) shares its few cores
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
@@ -183,12 +183,13 @@ def job_maker(config):
 
 
 def _advance(jobs, now, seconds, parallel):
-    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, more starts at once than that share the
-    machine, each at parallel / k of its speed; the share changes only where a start ends, so the span is cut there."""
+    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, k > that processes starting at once share the
+    machine, each start at parallel / k of its speed; the share changes only where a start ends, so the span is cut
+    there."""
     while True:
-        starting = sum(j.starting for j in jobs) if parallel else 0
+        starting = sum(j.processes_starting for j in jobs) if parallel else 0
         rate = min(1.0, parallel / starting) if starting else 1.0
-        span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.starting])
+        span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.processes_starting])
         for job in jobs:
             job.advance(now, span, rate)
         now, seconds = now + span, seconds - span

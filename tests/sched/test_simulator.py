@@ -209,9 +209,9 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
     assert run(suspend_s=5) == {"a": (0, 230), "b": (30, 135)}  # b waits for a to leave
 
 
-def test_starts_beyond_parallel_starts_share_the_machine():
-    """`parallel_starts`: more starts at once (first starts, resumes, joiners preparing) than that share the
-    machine, each at parallel_starts / k of its speed, until one ends (cluster mode on one machine)."""
+def test_processes_starting_beyond_parallel_starts_share_the_machine():
+    """`parallel_starts`: k > that processes starting at once (first starts, resumes, joiners preparing) share the
+    machine, each start at parallel_starts / k of its speed, until one ends (cluster mode on one machine)."""
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 5, 1, duration=100), JobSpec("c", 5, 2, duration=100)]
 
     def run(parallel, *specs):
@@ -221,5 +221,7 @@ def test_starts_beyond_parallel_starts_share_the_machine():
 
     assert run(0, *jobs) == {"a": 110, "b": 115, "c": 115}  # no limit: 10 s each
     assert run(1, *jobs[:2]) == {"a": 115, "b": 120}  # a alone 5 s, then both at half speed: a ends at 15, b at 20
-    # a alone for 5 s; then 3 starts at 2/3 speed: a's 5 s left take 7.5 (to 12.5); b and c, 5 s left, at full speed
-    assert run(2, *jobs) == {"a": 112.5, "b": 117.5, "c": 117.5}
+    # a alone for 5 s; then 4 processes (c starts 2) at half speed: a's 5 s left take 10 (to 15); then b and c's
+    # 3 processes, 5 s left, at 2/3 speed: to 22.5
+    assert run(2, *jobs) == {"a": 115, "b": 122.5, "c": 122.5}
+    assert run(4, *jobs) == {"a": 110, "b": 115, "c": 115}  # 4 processes at once: full speed

@@ -48,9 +48,12 @@ class Job:
         return max(self.starts - 1, 0)
 
     @property
-    def starting(self) -> bool:
-        """Whether the job is starting processes now (its first start or a resume, or joiners preparing)."""
-        return self.joining is not None or self.delay_starts and self.delay_left > 0
+    def processes_starting(self) -> int:
+        """The processes the job is starting now: all of them at its first start or a resume, the joiners while
+        they prepare; 0 when none."""
+        if self.joining is not None:
+            return max(sum(sum(p) for p in self.joining[0].values()) - self.num_gpus, 1)
+        return self.num_gpus if self.delay_starts and self.delay_left > 0 else 0
 
     @property
     def start_left(self) -> float:
