@@ -14,7 +14,7 @@ artifact's job model (simulator.SIA) and under that with 30 s restarts, against 
   python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
   taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
   python bench/bench_sched.py --sia --seeds 0          # about 8 min
-  python bench/bench_sched.py --workloads 2 --seeds 0 1 --philly --search 100x100 [--distinct]  # as the artifact
+  python bench/bench_sched.py --workloads 2 --seeds 0 --philly --search nsga2 [--size 100x100]  # as the artifact
 """
 import argparse
 import functools
@@ -30,7 +30,7 @@ from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
 from easyscale_ext.sched.policies import POLICIES
-from easyscale_ext.sched.policies.pollux import PolluxPolicy
+from easyscale_ext.sched.policies.pollux import SEARCHES, PolluxPolicy
 from easyscale_ext.sched.simulator import SIA, SimConfig, simulate, validate
 
 PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simulator/results-jobload/<policy>-<load>
@@ -55,7 +55,7 @@ SHIPPED = {  # workload family: (files in the data folder, cluster)
 
 
 def run(task, search=None):
-    """One simulation; `search` (population, generations, distinct) is Pollux's search instead of its default."""
+    """One simulation; `search` (search, population, generations) is Pollux's search instead of its default."""
     kind, policy, target, seed, data, folder = task
     config = SimConfig()
     if kind == "fidelity":
@@ -68,7 +68,7 @@ def run(task, search=None):
         cluster = Cluster.parse(PHILLY_CLUSTER)
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
-    chosen = PolluxPolicy(seed, population=search[0], generations=search[1], distinct=search[2]) \
+    chosen = PolluxPolicy(seed, search=search[0], population=search[1], generations=search[2]) \
         if search and policy == "pollux" else POLICIES[policy](seed)
     result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
@@ -176,13 +176,13 @@ def main():
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
     parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
-    parser.add_argument("--search", default="64x24", metavar="POPxGEN",
-                        help="Pollux's search size, e.g. 100x100 (the artifact's); default its own (64x24)")
-    parser.add_argument("--distinct", action="store_true",
-                        help="Pollux's search keeps every individual distinct, as the artifact's NSGA-II does")
+    parser.add_argument("--search", default="elitist", choices=SEARCHES,
+                        help="Pollux's search: the elitist one (default) or the artifact's NSGA-II")
+    parser.add_argument("--size", metavar="POPxGEN", help="Pollux's search size, e.g. 64x24 (default: the search's "
+                        f"own: {', '.join(f'{k} {p}x{g}' for k, (p, g) in SEARCHES.items())})")
     args = parser.parse_args()
     data = data_dir(args.data)
-    search = (*(int(x) for x in args.search.split("x")), args.distinct)
+    search = (args.search, *((int(x) for x in args.size.split("x")) if args.size else (None, None)))
     job = functools.partial(run, search=search)
     if args.timing:
         return timing(data)

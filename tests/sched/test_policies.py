@@ -7,7 +7,7 @@ from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.optimus import OptimusPolicy
-from easyscale_ext.sched.policies.pollux import PolluxPolicy, _Search
+from easyscale_ext.sched.policies.pollux import PolluxPolicy, _rank_and_crowding, _Search
 from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
@@ -77,15 +77,17 @@ def test_pollux_explores_then_scales_a_lone_job_out(apps):
     assert gpus == {1, 2, 4}  # at most twice what it has been measured on: 1, then 2, then 4
 
 
-def test_pollux_shares_a_node_fairly(apps):
+@pytest.mark.parametrize("search, start", [("elitist", 60), ("nsga2", 0)])
+def test_pollux_shares_a_node_fairly(apps, search, start):
     jobs = [JobSpec("a", 0, 1, "cifar10", 128), JobSpec("b", 0, 1, "cifar10", 128)]
-    result = simulate(jobs, PolluxPolicy(seed=1), Cluster.parse("1x4"), apps)
+    result = simulate(jobs, PolluxPolicy(seed=1, search=search), Cluster.parse("1x4"), apps)
     first = {}
-    for name, start, _, gpus in result.segments:
-        first.setdefault(name, (start, gpus))
-    # Both start in the same round (at 60 s: at age 0 the restart factor makes starting worth nothing), as
-    # p = -1 never starves one of two identical jobs.
-    assert first["a"][0] == first["b"][0] == 60
+    for name, begin, _, gpus in result.segments:
+        first.setdefault(name, (begin, gpus))
+    # Both start in the same round, as p = -1 never starves one of two identical jobs. At age 0 the restart factor
+    # makes starting add nothing to the power mean: the elitist search starts them in the next round, NSGA-II at
+    # once (its second objective, the cluster utility, prefers it).
+    assert first["a"][0] == first["b"][0] == start
 
 
 def test_pollux_search_keeps_allocations_when_moving_gains_nothing():
@@ -98,20 +100,20 @@ def test_pollux_search_keeps_allocations_when_moving_gains_nothing():
     assert np.array_equal(best, base)
 
 
-def test_pollux_search_with_distinct_keeps_every_individual_different():
-    """`distinct` (as pymoo's NSGA-II in the artifact): no two individuals alike; the default search collapses
-    onto copies of its best."""
+def test_pollux_nsga2_children_are_new_to_the_population_and_to_each_other():
+    """As pymoo's NSGA-II (`eliminate_duplicates`) in the artifact; the elitist search collapses onto copies of
+    its best."""
     base = np.zeros((3, 4), dtype=np.int64)  # 3 jobs, 4 nodes of 2 GPUs, linear speedups up to 8 GPUs
     speedup = np.tile(np.arange(9.0), (3, 5, 1))
-
-    def distinct_individuals(distinct):
-        search = _Search(base, np.full(4, 2), np.full(3, 8), speedup, np.ones(3), -1.0, 0.25,
-                         np.random.default_rng(0))
-        population = search.run(base[None], 16, 10, distinct)
-        return len({s.tobytes() for s in population}), len(population)
-
-    assert distinct_individuals(True) == (16, 16)
-    assert distinct_individuals(False)[0] < 16
+    search = _Search(base, np.full(4, 2), np.full(3, 8), speedup, np.ones(3), -1.0, 0.25, np.random.default_rng(0))
+    population = search.run(base[None], 16, 10)
+    assert len({s.tobytes() for s in population}) < 16
+    goals = search._goals(population)
+    rank, crowding, _ = _rank_and_crowding(goals, len(population), search.rng)
+    children = search._distinct_children(population, goals, rank, crowding, 16)
+    assert len(children) == 16
+    assert len({s.tobytes() for s in children} | {s.tobytes() for s in population}) == 16 + len(
+        {s.tobytes() for s in population})
 
 
 def test_pollux_search_objective_is_the_power_mean():
