@@ -135,7 +135,7 @@ def _max_gpus(job, total_gpus) -> int:
 
 SEARCHES = {"nsga2": (100, 100), "elitist": (64, 24)}  # search -> its default (population, generations)
 CROSSOVER_P = 0.9  # pymoo's: the share of matings that cross over; the others copy their parents
-MATINGS = 100  # pymoo's: matings per generation, at most, to find children new to the population
+MATINGS = 100  # pymoo's: rounds of mating per generation, at most, to find children new to the population
 
 
 class _Search:
