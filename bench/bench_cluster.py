@@ -153,6 +153,21 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 
 
+def plot(folder, policy, result, real, simulated, sim):
+    """The plots `easyscale cluster report` makes of the real run and `easyscale simulate --out` of its simulation,
+    side by side in `folder` (real-POLICY-*.png, simulated-POLICY-*.png)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from easyscale_ext.cli.simulate import write_outputs
+
+    cluster = SimpleNamespace(spec=",".join(f"1x{SLOTS}:{t}" for t in TYPES), total_gpus=len(TYPES) * SLOTS)
+    for stem, run, summary in (("real", result, real), ("simulated", simulated, sim)):
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is the markdown
+            write_outputs(Path(folder), stem, policy, cluster, SimpleNamespace(workload="bench_cluster", seed=0), {},
+                          [policy], [(run, summary, 0.0)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", default=POLICIES)
@@ -169,7 +184,7 @@ def main():
     ap.add_argument("--costs", help="a JSON file of measured costs: read if it exists (no calibration run), else "
                     "written after the calibration run")
     ap.add_argument("--keep", help="a folder to keep the runs in (state, logs, each run's real and simulated results "
-                    "as JSON) instead of a temporary one; runs kept there are simulated again, not rerun")
+                    "as JSON and as plots) instead of a temporary one; runs kept there are simulated again, not rerun")
     args = ap.parse_args()
     from easyscale_ext.cluster.local import LocalCluster
     from easyscale_ext.sched.metrics import summarize
@@ -221,6 +236,7 @@ def main():
                         with open(kept_run, "w") as f:
                             json.dump({"real": result.to_json(), "simulated": simulated.to_json(), "rounds": rounds,
                                        "hashes": sorted(hashes)}, f)
+                        plot(os.path.join(work, str(run), "plots"), policy, result, real, simulated, sim)
                     runs[policy].append((real["avg_jct"], sim["avg_jct"], sim["avg_jct"] / real["avg_jct"],
                                          real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds)))
                     print(f"run {run + 1}, {policy}: sim / real {runs[policy][-1][2]:.2f}", file=sys.stderr,
