@@ -329,8 +329,8 @@ def _crowding_distance(goals, rank):
         value, same = objective[order], front[order]
         first = np.r_[True, same[1:] != same[:-1]]
         last = np.r_[first[1:], True]
-        span = np.maximum.reduceat(value, first.nonzero()[0]) - np.minimum.reduceat(value, first.nonzero()[0])
-        span = np.repeat(span, np.diff(np.r_[first.nonzero()[0], len(value)]))
+        starts, ends = first.nonzero()[0], last.nonzero()[0]
+        span = np.repeat(value[ends] - value[starts], ends - starts + 1)  # sorted: each front's last minus first
         gap = np.diff(value, prepend=value[0])
         around = np.where(first, np.inf, gap) + np.where(last, np.inf, np.r_[gap[1:], 0.0])
         with np.errstate(invalid="ignore"):
