@@ -44,6 +44,8 @@ class SimConfig:
     parallel_starts: float = 0.0  # processes starting (a job's first start or a resume, its joiners preparing) that
     # go at full speed at once; with k > that, every start goes at parallel_starts / k (0: no limit). Cluster mode on
     # one machine: every process that starts (imports torch, builds its job) shares its few cores
+    start_weight: float = 1.0  # a start of n processes weighs n ** start_weight processes in that count: a job's
+    # processes start side by side, partly waiting rather than computing (cluster mode's calibration fits it)
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
@@ -119,7 +121,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             step = config.round_s
             if config.rounds_at_arrivals and arrived < len(jobs):
                 step = min(step, jobs[arrived].arrival - now)
-            _advance(running.values(), now, step, config.parallel_starts)
+            _advance(running.values(), now, step, config.parallel_starts, config.start_weight)
             now += step
         while arrived < len(jobs) and jobs[arrived].arrival <= now:
             job = jobs[arrived]
@@ -182,12 +184,12 @@ def job_maker(config):
     return lambda spec, apps, batch: EasyScaleJob(spec, apps[spec.app], apps.data, config.easyscale_speed)
 
 
-def _advance(jobs, now, seconds, parallel):
-    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, k > that processes starting at once share the
-    machine, each start at parallel / k of its speed; the share changes only where a start ends, so the span is cut
-    there."""
+def _advance(jobs, now, seconds, parallel, weight=1.0):
+    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, k > that processes starting at once (a start of
+    n counting n ** weight) share the machine, each start at parallel / k of its speed; the share changes only where
+    a start ends, so the span is cut there."""
     while True:
-        starting = sum(j.processes_starting for j in jobs) if parallel else 0
+        starting = sum(j.processes_starting ** weight for j in jobs if j.processes_starting) if parallel else 0
         rate = min(1.0, parallel / starting) if starting else 1.0
         span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.processes_starting])
         for job in jobs:

@@ -214,8 +214,8 @@ def test_processes_starting_beyond_parallel_starts_share_the_machine():
     machine, each start at parallel_starts / k of its speed, until one ends (cluster mode on one machine)."""
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 5, 1, duration=100), JobSpec("c", 5, 2, duration=100)]
 
-    def run(parallel, *specs):
-        config = SimConfig(start_s=10, rounds_at_arrivals=True, parallel_starts=parallel)
+    def run(parallel, *specs, weight=1.0):
+        config = SimConfig(start_s=10, rounds_at_arrivals=True, parallel_starts=parallel, start_weight=weight)
         return {j["name"]: j["completion"] for j in simulate(list(specs), FifoPolicy(), Cluster.parse("1x4"), None,
                                                               config).jobs}
 
