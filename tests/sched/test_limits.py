@@ -117,3 +117,47 @@ def test_a_real_job_keeps_its_batch_whatever_the_policy_would_tune(policy):
     held = live.job_model("j", 0.0, 4, 4, app, policy=Limits(POLICIES[policy](0)))
     assert type(free) is AppJob  # the policy alone would tune it: the test can fail
     assert isinstance(held, VirtualWorkerJob) and held.spec.batch_size == 4 * (app.init_batch_size // 4)
+
+
+def test_a_real_jobs_goodput_is_valued_at_its_own_micro_batches():
+    """A job of 4 virtual workers records its step times on one type as any job's agent does, and its goodput
+    model values it at its batch: each GPU runs its share of the micro-batches (2 GPUs: 2 each, 3 GPUs: the busiest
+    2), and it cannot use more GPUs than it has virtual workers."""
+    app = Applications(data_dir())["yolov3"]
+    job = live.job_model("j", 0.0, 4, 4, app, policy=Limits(POLICIES["sia"](0)))
+    for gpus in (1, 2, 4):
+        job.allocate({"t4": (gpus,)}, 0.0)
+        job.iteration_time()
+    assert sorted(job.observed) == [(1, g, job.micro_batch) for g in (1, 2, 4)]
+    model = job.goodput_model()
+    good, local, accum = model.best([1] * 5, [1, 2, 3, 4, 5])
+    assert list(local) == [job.micro_batch] * 5 and list(accum) == [3, 1, 1, 0, 0]
+    assert good[4] == 0 and good[0] < good[1] < good[3] and good[2] < good[1] * 1.5  # 3 GPUs: 2 micro-batches
+    adaptive = live.job_model("k", 0.0, 4, 4, app, policy=POLICIES["sia"](0))
+    adaptive.allocate({"t4": (1,)}, 0.0)
+    adaptive.iteration_time()
+    assert adaptive.goodput_model().best(1, 8)[0][0] > 0  # an adaptive job's batch grows with its GPUs
+
+
+@pytest.mark.parametrize("name", ["pollux", "sia", "ours"])
+def test_policies_that_read_measurements_grow_a_real_job_and_prefer_its_faster_type(name):
+    """Under Limits (the cluster's jobs keep their batch), the policies that value jobs by what they measured see
+    them: a lone job grows past 1 GPU (they offer at most twice what it has been measured on), and the type-aware
+    ones move it to its faster type (Sia once offered 1 GPU of each type, valued alike, to a job that never
+    measured anything, and Pollux never more than 1 GPU)."""
+    from easyscale_ext.sched.models.workload import JobSpec
+    from easyscale_ext.sched.simulator import SimConfig, simulate
+
+    apps = Applications(data_dir())
+    cluster = Cluster.parse("1x4:t4,1x4:a100")
+    policy = Limits(POLICIES[name](0))
+    spec = JobSpec("j", 0.0, 4, app="bert", batch_size=4 * (apps["bert"].init_batch_size // 4), virtual_workers=4)
+    result = simulate([spec], policy, cluster, apps, SimConfig(round_s=60.0, start_s=10.0, restart_s=10.0))
+    assert max(gpus for _, _, _, gpus in result.segments) > 1, result.segments
+    if name == "pollux":  # one type in its model
+        return
+    job = live.job_model("j", 0.0, 4, 4, apps["bert"], policy=policy)
+    job.allocate(cluster.groups((0,)), 0.0)  # 1 GPU of node 0, a T4: bert runs 3x as fast on an A100
+    job.iteration_time()
+    decided = policy.optimize(100.0, [job], cluster, {"j": (0,)})
+    assert set(decided["j"]) == {1}, decided

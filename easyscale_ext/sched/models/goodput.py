@@ -28,21 +28,36 @@ def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
 
 
 class GoodputModel:
-    def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app, max_local_bsz=None):
+    """A job's goodput per configuration. A job whose global batch is fixed (`batch_size`: a real job keeps the
+    batch it was submitted with) is valued at that batch, not the best one; `micro_batch` fixes its micro-batch
+    too (virtual workers': a GPU runs its share of them, the step lasting as long as the busiest GPU's)."""
+
+    def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app, max_local_bsz=None,
+                 batch_size=None, micro_batch=None):
         self.perf, self.grad_sqr, self.grad_var, self.app = perf, grad_sqr, grad_var, app
         self.max_local_bsz = max_local_bsz or app.max_local_bsz  # the GPU type's per-GPU batch limit
+        self.batch_size, self.micro_batch = batch_size, micro_batch
 
-    def goodput(self, num_nodes, num_replicas, local_bsz, accum_steps):
-        """Progress (steps at M0) per second."""
-        batch = num_replicas * local_bsz * (accum_steps + 1)
+    @property
+    def max_replicas(self) -> int:
+        """The most GPUs a step of the job can use."""
+        return (self.batch_size or self.app.max_batch_size) // (self.micro_batch or self.app.min_local_bsz)
+
+    def goodput(self, num_nodes, num_replicas, local_bsz, accum_steps, batch=None):
+        """Progress (steps at M0) per second; `batch`: the global batch when not every GPU runs as many
+        micro-batches (uneven virtual workers)."""
+        batch = num_replicas * local_bsz * (accum_steps + 1) if batch is None else batch
         t = throughput.iteration_time(self.perf, num_nodes, num_replicas, local_bsz, accum_steps)
         return batch / t * efficiency(self.grad_sqr, self.grad_var, batch / self.app.init_batch_size)
 
     def best(self, num_nodes, num_replicas):
-        """Best (goodput, micro-batch, accumulation steps) for each (nodes, replicas) pair (arrays)."""
+        """Best (goodput, micro-batch, accumulation steps) for each (nodes, replicas) pair (arrays); with a fixed
+        batch, that batch's (goodput 0 where it cannot run)."""
         app = self.app
         nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
         reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
+        if self.batch_size is not None:
+            return self._at_batch(nodes, reps)
         low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
         batch = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
         local, accum = split_batch(batch, reps, self.max_local_bsz, app.init_batch_size)
@@ -50,6 +65,16 @@ class GoodputModel:
         good = np.where((local >= app.min_local_bsz) & (local <= self.max_local_bsz), good, 0.0)
         pick = np.argmax(good, axis=0), np.arange(len(reps))
         return good[pick], local[pick], accum[pick]
+
+    def _at_batch(self, nodes, reps):
+        batch = self.batch_size
+        if self.micro_batch is None:
+            local, accum = split_batch(batch, reps, self.max_local_bsz, self.app.init_batch_size)
+        else:
+            local = np.full(reps.shape, self.micro_batch)
+            accum = (np.ceil(batch / (reps * self.micro_batch) - EPS) - 1).astype(int)
+        good = np.where(reps <= self.max_replicas, self.goodput(nodes, reps, local, accum, batch), 0.0)
+        return good, local, accum
 
 
 def fixed_batch_config(batch_size, num_replicas, app, max_local_bsz=None):

@@ -189,10 +189,15 @@ class AppJob(Job):
     def max_profiled_replicas(self) -> int:
         return max((key[1] for key in self.observed), default=0)
 
-    def goodput_model(self):
-        if self.perf is None:
+    micro_batch = None  # fixed by the job (virtual workers'), else chosen per configuration
+
+    def goodput_model(self, perf=None, gpu_type=None):
+        """Its goodput model under its own fit (or `perf`, fitted on `gpu_type`), at its batch if that is fixed."""
+        if perf is None and self.perf is None:
             return None
-        return goodput.GoodputModel(self.perf, *self.grad, self.app, self.max_local_bsz_on(self.gpu_type))
+        gpu_type = gpu_type if perf is not None else self.gpu_type
+        return goodput.GoodputModel(perf or self.perf, *self.grad, self.app, self.max_local_bsz_on(gpu_type),
+                                    self.batch_size, self.micro_batch)
 
     def _configure(self):
         app, reps = self.app, self.num_gpus
@@ -286,7 +291,17 @@ class VirtualWorkerJob(AppJob):
         d = self.spec.virtual_workers
         return virtual_worker_step(self.app, d, self.spec.batch_size // d, groups)
 
+    @property
+    def micro_batch(self) -> int:
+        return self.spec.batch_size // self.spec.virtual_workers
+
     def iteration_time(self) -> float:
+        if not self.mixed:  # its agent measures as a job's on one type does (Pollux's and Sia's models fit it)
+            grad = self.app.noise.grad_stats(self.global_batch, self.epoch)
+            if (len(self.placement), self.num_gpus, self.local_bsz) in self.observed:
+                self.grad = grad
+            else:
+                self._observe(*self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz), grad)
         return self._iteration
 
 

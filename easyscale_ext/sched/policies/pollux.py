@@ -113,7 +113,7 @@ class PolluxPolicy(Policy):
                 ok = (n <= r) & (r <= n * per_node)
                 values = np.zeros((cluster.num_nodes + 1, max_gpus[j] + 1))
                 values[n[ok], r[ok]] = model.best(n[ok], r[ok])[0]
-                fair_gpus = min(fair, job.app.max_batch_size // job.app.min_local_bsz)
+                fair_gpus = min(fair, model.max_replicas)
                 self._tables[key] = values / model.best(1, fair_gpus)[0][0]
             tables[key] = self._tables[key]
             table[j, :, : max_gpus[j] + 1] = tables[key]

@@ -22,7 +22,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..models.goodput import GoodputModel
 from ..models.throughput import fit_perf_params
 from .base import Policy, place
 
@@ -141,7 +140,7 @@ class SiaPolicy(Policy):
         key = (job.app.name, gpu_type, frozenset(measured))
         if key not in self._fits:
             self._fits[key] = fit_perf_params(*zip(*((*k, *v) for k, v in measured.items())))
-        return GoodputModel(self._fits[key], *job.grad, job.app, job.max_local_bsz_on(gpu_type))
+        return job.goodput_model(self._fits[key], gpu_type)
 
     def _record(self, jobs):
         """Attribute what each job measured in the last round to the GPU type it ran on: the job's own record says
