@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -60,6 +60,15 @@ def slot_types(default: str) -> Dict[str, str]:
     """The type of each alive node's slots, by node id: the T of its `easyscale_slot_T` resource, else `default`."""
     return {n["NodeID"]: next((r[len(TYPED):] for r in n["Resources"] if r.startswith(TYPED)), default)
             for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT)}
+
+
+def policy_view(capacity: Dict[str, int], types: Dict[str, str]) -> Tuple[List[str], Cluster]:
+    """The nodes with free slots (`capacity`, by node id) in the order the policy sees them, and that view. By type,
+    then id: the view is the simulation's of `--cluster` with the types in name order (policies break ties by
+    node order, so Ray's random ids alone would make a run and its simulation part ways)."""
+    node_ids = sorted((n for n in capacity if capacity[n] > 0), key=lambda n: (types[n], n))
+    return node_ids, Cluster(",".join(f"1x{capacity[n]}:{types[n]}" for n in node_ids),
+                             tuple(capacity[n] for n in node_ids), tuple(types[n] for n in node_ids))
 
 
 @ray.remote(num_cpus=0)
@@ -352,10 +361,7 @@ class Scheduler:
         active = self.table.list(("queued", "running"))
         self._fit(active, capacity)
         active = [j for j in self.table.list(("queued", "running")) if j["id"] not in self.suspending]
-        node_ids = sorted(n for n in capacity if capacity[n] > 0)
-        types = tuple(self._type(n) for n in node_ids)
-        cluster = Cluster(",".join(f"1x{capacity[n]}:{t}" for n, t in zip(node_ids, types)),
-                          tuple(capacity[n] for n in node_ids), types)
+        node_ids, cluster = policy_view(capacity, {n: self._type(n) for n in capacity})
         index = {n: i for i, n in enumerate(node_ids)}
         for job in active:
             if job["id"] not in self.models:

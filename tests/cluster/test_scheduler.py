@@ -10,13 +10,22 @@ import time
 import pytest
 import ray
 
-from easyscale_ext.cluster.scheduler import launch
+from easyscale_ext.cluster.scheduler import launch, policy_view
 from easyscale_ext.sched.policies.base import Policy
 from support.jobs import JOB, run_job
 from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def test_the_policy_sees_nodes_by_type_then_id_as_the_simulation_does():
+    """Ray's node ids are random: the view orders nodes by type (a full node out), so the policy reads the cluster
+    the simulation of `--cluster 1x4:a100,1x2:t4,1x4:t4` reads, whatever ids the nodes drew."""
+    capacity = {"f0": 4, "0c": 2, "9e": 4, "77": 0}
+    nodes, view = policy_view(capacity, {"f0": "t4", "0c": "t4", "9e": "a100", "77": "t4"})
+    assert nodes == ["9e", "0c", "f0"]
+    assert (view.spec, view.gpus, view.types) == ("1x4:a100,1x2:t4,1x4:t4", (4, 2, 4), ("a100", "t4", "t4"))
 
 
 def stop(scheduler):
