@@ -11,7 +11,8 @@ job's first start (allocation to its first step), the in-place pause of a scale 
 a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to its processes'
 exit: it holds its slots until then), a suspension (the decision to the slots given back) and a resume (allocation
 to the first step after it), and how many processes start at full speed at once (more share this machine's cores:
-SimConfig.parallel_starts, fitted with each start's full-speed cost); each job's length (its steps as a share of
+SimConfig.parallel_starts, a start of n processes weighing n ** start_weight, both fitted with each start's
+full-speed cost); each job's length (its steps as a share of
 the application's epoch) is the simulator's slowdown, and a round starts at each arrival, as the scheduler does on
 a submission. Both drivers run the policy as it is, held to each job's limits
 (policies.limits: a job keeps its batch; preemptions are suspensions).
@@ -107,27 +108,31 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
 
 def calibrated(measured) -> dict:
     """The simulator's costs from the calibration's events. Processes that start at once (first starts, resumes,
-    joiners) share this machine (SimConfig.parallel_starts): each start's share is the processes starting with it,
-    averaged over its duration (its own included); `parallel_starts` is the count that fits the starts best (least
-    squares of the log), each kind of start costing its median at full speed; the other costs are medians."""
+    joiners) share this machine (SimConfig.parallel_starts, start_weight): a start of n processes weighs n ** weight,
+    each start's share is the weight starting with it, averaged over its duration (its own included); the weight and
+    `parallel_starts` are those that fit the starts best (least squares of the log), each kind of start costing its
+    median at full speed; the other costs are medians."""
     import numpy as np
 
     starts = [(kind, n, s, at) for kind in STARTS for n, s, at in measured[kind] if s > 0]
 
-    def sharing(at, seconds):  # processes starting, on average over [at, at + seconds]
-        return sum(n * max(min(at + seconds, a + s) - max(at, a), 0.0) for _, n, s, a in starts) / seconds
+    def sharing(weight):  # each start's (kind, seconds, weight starting on average over its span)
+        return [(kind, s, sum(m ** weight * max(min(at + s, a + t) - max(at, a), 0.0) for _, m, t, a in starts) / s)
+                for kind, _, s, at in starts]
 
-    shared = [(kind, s, sharing(at, s)) for kind, _, s, at in starts]
-
-    def fit(parallel):
+    def fit(shared, parallel):
         full = {kind: statistics.median([s / max(1.0, k / parallel) for c, s, k in shared if c == kind] or [0.0])
                 for kind in STARTS}
         error = sum((np.log(s) - np.log(max(full[c] * max(1.0, k / parallel), 1e-3))) ** 2 for c, s, k in shared)
-        return error, full
+        return error, full, parallel
 
-    parallel = min(np.arange(1.0, 16.25, 0.25), key=lambda p: fit(p)[0]) if shared else 0.0
     costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()}
-    return dict(costs, **(fit(parallel)[1] if shared else {}), parallel_starts=float(parallel))
+    if not starts:
+        return dict(costs, parallel_starts=0.0, start_weight=1.0)
+    (_, full, parallel), weight = min(((fit(shared, p), w) for w, shared in ((w, sharing(w)) for w in
+                                                                               np.arange(0.0, 1.05, 0.05))
+                                       for p in np.arange(1.0, 16.25, 0.25)), key=lambda f: f[0][0])
+    return dict(costs, **full, parallel_starts=float(parallel), start_weight=round(float(weight), 2))
 
 
 def simulate_run(policy, result, steps, scale, round_s, costs):
@@ -143,12 +148,13 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     # each job as the scheduler modelled it (sched.live: D2, so it may span types), known to last one short epoch
     specs = [replace(live.job_model(j["name"], j["arrival"], VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
                                     heterogeneous=True).spec, epochs=1) for j in result.jobs]
-    cluster = Cluster.parse(",".join(f"1x{SLOTS}:{t}" for t in TYPES))
+    cluster = Cluster.parse(",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES)))  # the scheduler's node order
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
-                       suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"], rounds_at_arrivals=True,
+                       suspend_s=costs["suspend"], parallel_starts=costs.get("parallel_starts", 0.0),
+                       start_weight=costs.get("start_weight", 1.0), rounds_at_arrivals=True,
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 
@@ -161,7 +167,7 @@ def plot(folder, policy, result, real, simulated, sim):
 
     from easyscale_ext.cli.simulate import write_outputs
 
-    cluster = SimpleNamespace(spec=",".join(f"1x{SLOTS}:{t}" for t in TYPES), total_gpus=len(TYPES) * SLOTS)
+    cluster = SimpleNamespace(spec=",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES)), total_gpus=len(TYPES) * SLOTS)
     for stem, run, summary in (("real", result, real), ("simulated", simulated, sim)):
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the markdown
             write_outputs(Path(folder), stem, policy, cluster, SimpleNamespace(workload="bench_cluster", seed=0), {},
@@ -246,7 +252,7 @@ def main():
     print("Calibration runs (" + args.calibration_policies + ", every slot reserved for 5 s halfway): medians, s: "
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
           + f" (start, resume and join at full speed); {costs['parallel_starts']:g} processes starting at once go at "
-          "full speed, more share the machine\n")
+          f"full speed, more share the machine, a start of n processes weighing n^{costs['start_weight']:g}\n")
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
           "| round median / max (s) |")
