@@ -7,7 +7,7 @@ import pytest
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
-from easyscale_ext.sched.policies.pollux import PolluxPolicy, _one_type
+from easyscale_ext.sched.policies.pollux import PolluxPolicy, _one_type, virtual_nodes
 from easyscale_ext.sched.policies.sia import SiaPolicy, gpu_counts, one_gpu_throughput
 from easyscale_ext.sched.simulator import simulate
 
@@ -122,7 +122,45 @@ def test_pollux_keeps_the_type_a_job_has_most_of():
     assert _one_type(np.array([2, 2]), Cluster.parse("2x4:t4")).tolist() == [2, 2]
 
 
+def test_pollux_sees_nodes_of_the_smallest_types_size_as_in_sias_artifact():
+    """Sia's artifact shows Pollux an 8-GPU node beside 4-GPU ones as two virtual nodes of 4; one type: as it is."""
+    owner, view = virtual_nodes(Cluster.parse("2x4:t4,1x8:a100,1x6:rtx6000"))
+    assert owner.tolist() == [0, 1, 2, 2, 3, 3] and view.gpus == (4, 4, 4, 4, 4, 2)
+    assert view.types == ("t4", "t4", "a100", "a100", "rtx6000", "rtx6000")
+    flat = Cluster.parse("2x8:a100")
+    assert virtual_nodes(flat)[1] is flat
+
+
+def test_pollux_on_virtual_nodes_keeps_a_job_whose_gpus_stay_on_their_node(apps):
+    """Its allocation back on the real nodes: a job whose virtual nodes change within one node is not moved
+    (no restart), and a job's GPUs on an 8-GPU node fill that node's virtual nodes in order."""
+    policy = PolluxPolicy(seed=0)
+    jobs = [make_job(JobSpec(f"j{i}", 0.0, 1, "bert", 12), apps, None) for i in range(2)]
+    held = {"j0": (1,) * 6, "j1": (0, 0)}  # j0: 6 of node 1's 8 A100s (virtual nodes 1 and 2 of 4 each)
+    per_node = np.array([[0, 6], [2, 0]])
+    assert policy._virtual_rows(jobs, per_node, *virtual_nodes(HETERO)).tolist() == [[0, 4, 2], [2, 0, 0]]
+    policy._virtual = {"j0": np.array([0, 2, 4]), "j1": np.array([1, 0, 0])}  # j0's still holds, j1's does not
+    assert policy._virtual_rows(jobs, per_node, *virtual_nodes(HETERO)).tolist() == [[0, 2, 4], [2, 0, 0]]
+    decided = policy.optimize(10.0, jobs, HETERO, held)
+    assert decided and (HETERO.used(decided) <= np.array(HETERO.gpus)).all()
+    assert all(policy._virtual[n].sum() == len(decided.get(n, ())) for n in ("j0", "j1"))
+
+
 def test_pollux_simulation_runs_on_a_mixed_cluster(apps):
     specs = [JobSpec(f"bert-{i}", 60 * i, 1, "bert", 12) for i in range(3)]
     result = simulate(specs, PolluxPolicy(seed=0), HETERO, apps)
     assert len(result.jobs) == 3
+
+
+def test_sia_values_a_job_at_batches_up_to_its_submitted_one(apps):
+    """As the artifact's speedup function: Sia tries batches up to the job's submitted batch, while the job tunes
+    its own up to the application's largest; so 4 GPUs, which want a larger batch, are worth less to Sia."""
+    app = apps["bert"]
+    job = make_job(JobSpec("b", 0.0, 1, "bert", 2 * app.init_batch_size), apps, None)
+    job.allocate({"t4": (1,)}, 0.0)
+    job.iteration_time()
+    policy = SiaPolicy()
+    policy._record([job])
+    valued, own = policy._model(job, "t4"), job.goodput_model()
+    assert valued.max_batch_size == 2 * app.init_batch_size < own.max_batch_size == app.max_batch_size
+    assert valued.best(1, 4)[0][0] < 0.8 * own.best(1, 4)[0][0]
