@@ -15,14 +15,16 @@ on recorded rounds (tests/sched/test_pollux_nsga2.py). The default, `search="eli
 grows to at most twice the GPUs it has been measured on (it must explore before it believes its model), node
 capacities.
 On a cluster of several GPU types Pollux runs as in Sia's artifact, unaware of types: one model per job fitted
-to whatever it measured, at most as many GPUs as the smallest type has, and a job that the search spreads over
-types keeps only the type it got most GPUs of (ties to the faster type); the others stay idle that round.
+to whatever it measured, at most as many GPUs as the smallest type has, nodes seen as virtual nodes of the
+smallest type's node size (`virtual_nodes`), and a job that the search spreads over types keeps only the type it
+got most GPUs of (ties to the faster type); the others stay idle that round.
 """
 import math
 import warnings
 
 import numpy as np
 
+from ..models.cluster import Cluster
 from .base import Policy
 
 FLOOR = 1e-3  # added to every speedup so that the power mean is finite when a job gets nothing
@@ -46,6 +48,7 @@ class PolluxPolicy(Policy):
         self.population = population or SEARCHES[search][0]
         self.generations = generations or SEARCHES[search][1]
         self._last = ([], None)  # (job names, the states the next round starts from) of the previous round
+        self._virtual = {}  # job -> its GPUs per virtual node, as chosen last round
         self._tables = {}
 
     def batch_size(self, spec, app):
@@ -53,32 +56,52 @@ class PolluxPolicy(Policy):
 
     def optimize(self, now, jobs, cluster, allocations):
         jobs = sorted(jobs, key=lambda j: (j.attained, j.arrival))  # earlier jobs win capacity conflicts
-        capacity = np.asarray(cluster.gpus)
-        base = np.zeros((len(jobs), cluster.num_nodes), dtype=np.int64)
+        held = np.zeros((len(jobs), cluster.num_nodes), dtype=np.int64)
         for j, job in enumerate(jobs):
-            np.add.at(base[j], list(allocations.get(job.name, ())), 1)
-        smallest_type = min(cluster.room(cluster.gpus).values())  # the whole cluster when homogeneous
+            np.add.at(held[j], list(allocations.get(job.name, ())), 1)
+        owner, view = virtual_nodes(cluster)
+        base = self._virtual_rows(jobs, held, owner, view)
+        smallest_type = min(view.room(view.gpus).values())  # the whole cluster when homogeneous
         max_gpus = np.array([_max_gpus(job, smallest_type) for job in jobs])
-        speedup = self._speedup_tables(jobs, cluster, max_gpus)
+        speedup = self._speedup_tables(jobs, view, max_gpus)
         age = np.array([now - job.arrival for job in jobs])
         restarts = np.array([job.restarts for job in jobs])
         factor = np.maximum(age - restarts * self.restart_s, 0) / (age + self.restart_s)
-        search = _Search(base, capacity, max_gpus, speedup, factor, self.p, cluster.num_nodes / cluster.total_gpus,
-                         self.rng)
+        search = _Search(base, np.asarray(view.gpus), max_gpus, speedup, factor, self.p,
+                         view.num_nodes / view.total_gpus, self.rng)
         run = search.nsga2 if self.search == "nsga2" else search.run
         population = run(self._seed_population(jobs, base), self.population, self.generations)
         self._last = ([j.name for j in jobs], population)
-        best = population[0]
-        result = {}
+        result, self._virtual = {}, {}
         for j, job in enumerate(jobs):
-            row = _one_type(best[j], cluster)
-            if np.array_equal(row, base[j]):
+            self._virtual[job.name] = chosen = _one_type(population[0][j], view)
+            row = np.bincount(owner, weights=chosen, minlength=cluster.num_nodes).astype(np.int64)
+            if np.array_equal(row, held[j]):  # a move between virtual nodes of one node is none
                 alloc = allocations.get(job.name, ())
             else:
                 alloc = tuple(int(n) for n in np.repeat(np.arange(cluster.num_nodes), row))
             if alloc:
                 result[job.name] = alloc
         return result
+
+    def _virtual_rows(self, jobs, held, owner, view):
+        """Each job's GPUs per virtual node: as Pollux chose them last round where that is still the job's
+        allocation, else its GPUs on each node filled into that node's virtual nodes in order."""
+        if len(owner) == held.shape[1]:
+            return held
+        rows = np.zeros((len(jobs), view.num_nodes), dtype=np.int64)
+        last = [self._virtual.get(job.name) for job in jobs]
+        kept = [v is not None and len(v) == len(owner) and
+                np.array_equal(np.bincount(owner, weights=v, minlength=held.shape[1]), held[j])
+                for j, v in enumerate(last)]
+        for j in np.flatnonzero(kept):
+            rows[j] = last[j]
+        free = np.asarray(view.gpus) - rows.sum(axis=0)
+        for j in np.flatnonzero(~np.asarray(kept, dtype=bool)):
+            for v in range(len(owner)):
+                rows[j, v] = take = max(min(free[v], held[j, owner[v]] - rows[j, owner == owner[v]].sum()), 0)
+                free[v] -= take
+        return rows
 
     def _seed_population(self, jobs, base):
         """Last round's result (the NSGA-II's Pareto set, the elitist search's population) with rows moved to this
@@ -119,6 +142,22 @@ class PolluxPolicy(Policy):
             table[j, :, : max_gpus[j] + 1] = tables[key]
         self._tables = tables  # keep only what this round used
         return table
+
+
+def virtual_nodes(cluster):
+    """(the node of each virtual node, the cluster of virtual nodes) that Pollux sees: as in Sia's artifact, on a
+    cluster of several types, every node split into nodes of the smallest type's node size (an 8-GPU A100 node
+    beside 4-GPU T4 nodes is two of 4; one multi-node job per node and the model's network term apply to them);
+    on one type, the nodes themselves."""
+    size = min(max(g for g, t in zip(cluster.gpus, cluster.types) if t == u) for u in set(cluster.types))
+    owner, gpus = [], []
+    for node, g in enumerate(cluster.gpus):
+        parts = [size] * (g // size) + ([g % size] if g % size else [])
+        owner += [node] * len(parts)
+        gpus += parts
+    if len(owner) == cluster.num_nodes:
+        return np.arange(cluster.num_nodes), cluster
+    return np.array(owner), Cluster(cluster.spec, tuple(gpus), tuple(cluster.types[n] for n in owner))
 
 
 def _one_type(row, cluster):
