@@ -105,6 +105,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
         job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
         job.per_type_batch = config.per_type_batch
+        job.per_type_fit = policy.per_type_models
     for job in jobs:
         job.exit_s = config.exit_s
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.

@@ -164,3 +164,25 @@ def test_sia_values_a_job_at_batches_up_to_its_submitted_one(apps):
     valued, own = policy._model(job, "t4"), job.goodput_model()
     assert valued.max_batch_size == 2 * app.init_batch_size < own.max_batch_size == app.max_batch_size
     assert valued.best(1, 4)[0][0] < 0.8 * own.best(1, 4)[0][0]
+
+
+def test_sias_jobs_tune_their_batch_with_a_model_of_the_type_they_run_on(apps):
+    """As in Sia's artifact: a job moved to a type it has not measured runs the initial batch, then tunes with
+    what it measures there alone; Pollux's agent, unaware of types, keeps one model over both."""
+    def moved(per_type):
+        job = make_job(JobSpec("b", 0.0, 1, "bert", 12), apps, None)
+        job.per_type_fit = per_type
+        job.allocate({"t4": (2,)}, 0.0)
+        job.iteration_time()
+        job.allocate({"t4": (2,)}, 0.0)  # now tuned on the T4 model
+        job.iteration_time()
+        job.allocate({"a100": (2,)}, 0.0)
+        return job
+
+    aware, unaware = moved(True), moved(False)
+    app = apps["bert"]
+    assert aware.perf is None and aware.global_batch == max(app.init_batch_size, 2 * app.min_local_bsz)
+    assert unaware.perf is not None
+    aware.iteration_time()
+    assert set(aware.observed_on) == {"t4", "a100"} and aware.perf == aware._fit(aware.observed_on["a100"])
+    assert len(aware.observed) == len(aware.observed_on["t4"] | aware.observed_on["a100"])

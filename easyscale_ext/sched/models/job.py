@@ -161,8 +161,10 @@ class AppJob(Job):
         self.epochs = min(spec.epochs or app.epochs, app.epochs)  # the validation profiles end at app.epochs
         self.local_bsz = 0
         self.accum_steps = 0
-        self.observed = {}  # (nodes, replicas, micro-batch) -> (step time, sync time): what the agent measured
-        self.perf = None  # throughput model fitted to `observed`
+        self.observed = {}  # (nodes, replicas, micro-batch) -> (step time, sync time): what the agent measured,
+        # a configuration's first measurement whatever the GPU type (what policies read)
+        self.observed_on = {}  # GPU type -> the same, measured on that type (with per_type_fit)
+        self.perf = None  # throughput model fitted to `observed`, or with per_type_fit to the current type's
         self.grad = None  # last measured (grad_sqr, grad_var)
         self._mixed = 0.0  # seconds per step on mixed GPU types (mixed_step)
 
@@ -170,6 +172,9 @@ class AppJob(Job):
     # on compute time, sync time and progress per iteration; the simulator sets it where the job opts in.
     freezing = None
     slowdown = 1.0  # progresses this many times slower than its profiles say (a simulator's calibration)
+    per_type_fit = False  # tunes its batch with a model per GPU type, fitted to what it measured there (the jobs
+    # of Sia's artifact; one that has not measured on its type yet runs the initial batch); else one model fitted
+    # to whatever it measured (Pollux's agent, unaware of types)
     per_type_batch = False  # bound its per-GPU batch by each GPU type's own profile, not the T4's (Sia's artifact)
 
     def max_local_bsz_on(self, gpu_type) -> int:
@@ -202,6 +207,8 @@ class AppJob(Job):
 
     def _configure(self):
         app, reps = self.app, self.num_gpus
+        if self.per_type_fit and self.gpu_type is not None:  # on mixed types: as on the last one
+            self.perf = self._fit(self.observed_on[self.gpu_type]) if self.gpu_type in self.observed_on else None
         if self.batch_size is None and self.perf is not None:
             _, local, accum = self.goodput_model().best(len(self.placement), reps)
             local, accum = int(local[0]), int(accum[0])
@@ -219,16 +226,21 @@ class AppJob(Job):
     def _observe(self, step, sync, grad):
         self.grad = grad
         key = (len(self.placement), self.num_gpus, self.local_bsz)
-        if key in self.observed:
-            return
-        self.observed[key] = (step, sync)
-        # Jobs of one application tend to see the same configurations: the fit depends only on the set.
-        fits = self.app.fits.setdefault(self.gpu_type, {})
-        keys = frozenset(self.observed)
-        if keys not in fits:
-            cols = list(zip(*((*k, *v) for k, v in self.observed.items())))
-            fits[keys] = fit_perf_params(*cols)
-        self.perf = fits[keys]
+        own = self.observed_on.setdefault(self.gpu_type, {}) if self.per_type_fit else self.observed
+        new = key not in own
+        self.observed.setdefault(key, (step, sync))
+        own.setdefault(key, (step, sync))
+        if new:
+            self.perf = self._fit(own)
+
+    def _fit(self, observed):
+        """The throughput model fitted to `observed`: jobs of one application tend to measure the same, so the fit
+        is shared (keyed by the measurements themselves: the same configurations may have been measured on other
+        types)."""
+        key = frozenset(observed.items())
+        if key not in self.app.fits:
+            self.app.fits[key] = fit_perf_params(*zip(*((*k, *v) for k, v in observed.items())))
+        return self.app.fits[key]
 
     def iteration_time(self) -> float:
         if self.mixed:  # no per-type measurement to record; the step of the balanced split (mixed_step)

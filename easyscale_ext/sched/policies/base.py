@@ -17,6 +17,7 @@ class Policy:
     # says otherwise (SimConfig.in_place)
     one_gpu_type = False  # models a cluster of one GPU type only
     mixes_types = False  # may run a job on several GPU types at once (virtual workers at D2, job.mixed_step)
+    per_type_models = False  # its jobs tune their batch with a model per GPU type (AppJob.per_type_fit)
 
     def batch_size(self, spec, app):
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""

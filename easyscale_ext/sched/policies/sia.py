@@ -47,6 +47,7 @@ def one_gpu_throughput(app, gpu_type) -> float:
 class SiaPolicy(Policy):
     name = "sia"
     profiled = True
+    per_type_models = True  # the artifact's jobs on a cluster of several types keep a model per type
 
     def __init__(self, p=-0.5, lambda_n=1.1, lambda_a=0.01, restart_s=30.0, in_place=None, name=None):
         if p >= 0:
