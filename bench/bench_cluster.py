@@ -10,12 +10,12 @@ compared), one per --calibration-policies, so that starts of one process and of 
 job's first start (allocation to its first step), the in-place pause of a scale event, the joiners' preparation of
 a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to its processes'
 exit: it holds its slots until then), a suspension (the decision to the slots given back) and a resume (allocation
-to the first step after it), and how many processes start at full speed at once (more share this machine's cores:
+to the first step after it), how many processes start at full speed at once (more share this machine's cores:
 SimConfig.parallel_starts, a start of n processes weighing n ** start_weight, both fitted with each start's
-full-speed cost); each job's length (its steps as a share of
-the application's epoch) is the simulator's slowdown, and a round starts at each arrival, as the scheduler does on
-a submission. Both drivers run the policy as it is, held to each job's limits
-(policies.limits: a job keeps its batch; preemptions are suspensions).
+full-speed cost), and the scheduler's lag from a submission to its round's decision (SimConfig.arrival_lag_s);
+each job's length (its steps as a share of the application's epoch) is the simulator's slowdown, and a round
+starts at each arrival, as the scheduler does on a submission. Both drivers run the policy as it is, held to each
+job's limits (policies.limits: a job keeps its batch; preemptions are suspensions).
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
@@ -37,7 +37,7 @@ APPS = ("imagenet", "yolov3", "deepspeech2", "bert")
 TYPES = ("t4", "a100")
 POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
 VIRTUAL_WORKERS, SLOTS = 4, 4
-COSTS = ("start", "pause", "join", "exit", "suspend", "resume")  # measured: (processes started, seconds, when) each
+COSTS = ("start", "pause", "join", "exit", "suspend", "resume", "lag")  # measured: (processes, seconds, when) each
 STARTS = ("start", "resume", "join")  # the costs that start processes: they share this machine's cores
 
 
@@ -89,6 +89,8 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
             rows = [tuple(map(float, line.split())) for line in f]
         held = sorted((s + t0, e + t0, n) for (name, s, e, n) in result.segments if name == job["id"])
         costs["start"].append((held[0][2], rows[0][2] - held[0][0], held[0][0]))
+        if held[0][0] - job["submitted"] < 1.0:  # given slots in its own arrival's round: the scheduler's lag
+            costs["lag"].append((0, held[0][0] - job["submitted"], job["submitted"]))
         costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3], rows[-1][3]))
         usual = statistics.median(b[2] - a[3] for a, b in zip(rows, rows[1:]) if a[1] == b[1])
         costs["pause"] += [(0, b[2] - a[3] - usual, a[3]) for a, b in zip(rows, rows[1:])
@@ -155,6 +157,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
                        suspend_s=costs["suspend"], parallel_starts=costs.get("parallel_starts", 0.0),
                        start_weight=costs.get("start_weight", 1.0), rounds_at_arrivals=True,
+                       arrival_lag_s=costs.get("lag", 0.0),
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 
@@ -209,7 +212,8 @@ def main():
         with kept as work:
             if args.costs and os.path.exists(args.costs):
                 with open(args.costs) as f:
-                    measured = {c: [tuple(e) for e in v] for c, v in json.load(f).items()}
+                    measured = {c: [] for c in COSTS}  # kinds added since the file was written: none measured
+                    measured.update((c, [tuple(e) for e in v]) for c, v in json.load(f).items())
             else:
                 measured = {c: [] for c in COSTS}
                 for policy in args.calibration_policies.split(","):

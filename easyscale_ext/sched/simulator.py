@@ -49,6 +49,9 @@ class SimConfig:
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
+    arrival_lag_s: float = 0.0  # with rounds_at_arrivals: that round decides this long after the arrival (the
+    # scheduler records the submission first), so the new job is that old to the policy (Pollux's restart factor
+    # is 0 at age 0)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
     per_type_batch: bool = False  # per-GPU batches bounded by each GPU type's own profile, not by the T4's
     job_model: str = "project"  # how jobs progress: the project's models (models/job.py), or EasyScale's artifact's
@@ -114,17 +117,18 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     allocations, records, segments, opened, first_start = {}, [], [], {}, {}
     times, gpus_used, num_active = [], [], []
     now, arrived, idle = 0.0, 0, 0
+    lag = config.arrival_lag_s if config.rounds_at_arrivals else 0.0
     while len(records) < len(jobs):
         if not active:  # idle cluster: skip to the round in which the next job arrives
-            now = max(now, jobs[arrived].arrival if config.rounds_at_arrivals else
+            now = max(now, jobs[arrived].arrival + lag if config.rounds_at_arrivals else
                       math.ceil(jobs[arrived].arrival / config.round_s) * config.round_s)
         else:
             step = config.round_s
             if config.rounds_at_arrivals and arrived < len(jobs):
-                step = min(step, jobs[arrived].arrival - now)
+                step = min(step, jobs[arrived].arrival + lag - now)
             _advance(running.values(), now, step, config.parallel_starts, config.start_weight)
             now += step
-        while arrived < len(jobs) and jobs[arrived].arrival <= now:
+        while arrived < len(jobs) and jobs[arrived].arrival + lag <= now:
             job = jobs[arrived]
             active[job.name], paused[job.name] = job, job.progress
             arrived += 1

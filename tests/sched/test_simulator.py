@@ -209,6 +209,20 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
     assert run(suspend_s=5) == {"a": (0, 230), "b": (30, 135)}  # b waits for a to leave
 
 
+def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):
+    """Cluster mode's submit starts a round once the submission is recorded: the new job is `arrival_lag_s` old
+    then. Pollux, whose restart factor is 0 at age 0, starts it in that round, not in the next one."""
+    from easyscale_ext.sched.policies.pollux import PolluxPolicy
+
+    def start(lag):
+        config = SimConfig(round_s=15.0, start_s=5.0, rounds_at_arrivals=True, arrival_lag_s=lag)
+        result = simulate([JobSpec("a", 3.0, 1, "bert", 12, epochs=1)], PolluxPolicy(0), Cluster.parse("1x4"), apps,
+                          config)
+        return result.jobs[0]["start"]
+
+    assert start(0.0) == 18.0 and start(0.1) == pytest.approx(3.1)
+
+
 def test_processes_starting_beyond_parallel_starts_share_the_machine():
     """`parallel_starts`: k > that processes starting at once (first starts, resumes, joiners preparing) share the
     machine, each start at parallel_starts / k of its speed, until one ends (cluster mode on one machine)."""
