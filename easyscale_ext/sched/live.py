@@ -30,7 +30,9 @@ def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, a
     spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers,
                    heterogeneous=heterogeneous)
     tuned = policy.batch_size(spec, app) if policy is not None else batch
-    return make_job(spec, {app.name: app}, tuned)
+    job = make_job(spec, {app.name: app}, tuned)
+    job.per_type_fit = policy is not None and policy.per_type_models  # as the simulator makes it
+    return job
 
 
 def follow(job, now: float, seconds: float, done: Optional[float] = None, step_s: Optional[float] = None) -> None:

@@ -152,20 +152,6 @@ def test_pollux_simulation_runs_on_a_mixed_cluster(apps):
     assert len(result.jobs) == 3
 
 
-def test_sia_values_a_job_at_batches_up_to_its_submitted_one(apps):
-    """As the artifact's speedup function: Sia tries batches up to the job's submitted batch, while the job tunes
-    its own up to the application's largest; so 4 GPUs, which want a larger batch, are worth less to Sia."""
-    app = apps["bert"]
-    job = make_job(JobSpec("b", 0.0, 1, "bert", 2 * app.init_batch_size), apps, None)
-    job.allocate({"t4": (1,)}, 0.0)
-    job.iteration_time()
-    policy = SiaPolicy()
-    policy._record([job])
-    valued, own = policy._model(job, "t4"), job.goodput_model()
-    assert valued.max_batch_size == 2 * app.init_batch_size < own.max_batch_size == app.max_batch_size
-    assert valued.best(1, 4)[0][0] < 0.8 * own.best(1, 4)[0][0]
-
-
 def test_sias_jobs_tune_their_batch_with_a_model_of_the_type_they_run_on(apps):
     """As in Sia's artifact: a job moved to a type it has not measured runs the initial batch, then tunes with
     what it measures there alone; Pollux's agent, unaware of types, keeps one model over both."""

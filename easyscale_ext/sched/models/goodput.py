@@ -30,15 +30,13 @@ def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
 class GoodputModel:
     """A job's goodput per configuration. A job whose global batch is fixed (`batch_size`: a real job keeps the
     batch it was submitted with) is valued at that batch, not the best one; `micro_batch` fixes its micro-batch
-    too (virtual workers': a GPU runs its share of them, the step lasting as long as the busiest GPU's).
-    `max_batch_size` bounds the batches tried (default: the application's largest validated one)."""
+    too (virtual workers': a GPU runs its share of them, the step lasting as long as the busiest GPU's)."""
 
     def __init__(self, perf: throughput.PerfParams, grad_sqr: float, grad_var: float, app, max_local_bsz=None,
-                 batch_size=None, micro_batch=None, max_batch_size=None):
+                 batch_size=None, micro_batch=None):
         self.perf, self.grad_sqr, self.grad_var, self.app = perf, grad_sqr, grad_var, app
         self.max_local_bsz = max_local_bsz or app.max_local_bsz  # the GPU type's per-GPU batch limit
         self.batch_size, self.micro_batch = batch_size, micro_batch
-        self.max_batch_size = max_batch_size or app.max_batch_size
 
     @property
     def max_replicas(self) -> int:
@@ -61,8 +59,7 @@ class GoodputModel:
         if self.batch_size is not None:
             return self._at_batch(nodes, reps)
         low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
-        # (candidates, pairs); from above where `low` exceeds the bound, as the artifact's np.geomspace does
-        batch = np.geomspace(low, np.full_like(low, self.max_batch_size), CANDIDATES)
+        batch = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
         local, accum = split_batch(batch, reps, self.max_local_bsz, app.init_batch_size)
         good = self.goodput(nodes, reps, local, accum)
         good = np.where((local >= app.min_local_bsz) & (local <= self.max_local_bsz), good, 0.0)

@@ -196,14 +196,13 @@ class AppJob(Job):
 
     micro_batch = None  # fixed by the job (virtual workers'), else chosen per configuration
 
-    def goodput_model(self, perf=None, gpu_type=None, max_batch_size=None):
-        """Its goodput model under its own fit (or `perf`, fitted on `gpu_type`), at its batch if that is fixed,
-        else at batches up to `max_batch_size` (default: the application's largest)."""
+    def goodput_model(self, perf=None, gpu_type=None):
+        """Its goodput model under its own fit (or `perf`, fitted on `gpu_type`), at its batch if that is fixed."""
         if perf is None and self.perf is None:
             return None
         gpu_type = gpu_type if perf is not None else self.gpu_type
         return goodput.GoodputModel(perf or self.perf, *self.grad, self.app, self.max_local_bsz_on(gpu_type),
-                                    self.batch_size, self.micro_batch, max_batch_size)
+                                    self.batch_size, self.micro_batch)
 
     def _configure(self):
         app, reps = self.app, self.num_gpus

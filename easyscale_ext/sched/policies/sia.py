@@ -2,9 +2,8 @@
 
 Each round every job is offered configurations on each GPU type: 1, 2, 4, ... GPUs within one node, then whole
 nodes (k x the GPUs per node), up to twice the most GPUs it has been measured on, a limit shared by all types (the
-artifact's `--share_max_replicas`). A configuration's value is the job's goodput there, batch tuned for goodput
-up to the batch the job was submitted with (the artifact's speedup function; the job itself tunes up to the
-application's largest), under a throughput model fitted per GPU type to the step times the job measured on that type. For a type it has
+artifact's `--share_max_replicas`). A configuration's value is the job's goodput there, batch tuned for goodput,
+under a throughput model fitted per GPU type to the step times the job measured on that type. For a type it has
 not run on, Sia bootstraps (`--project_throughputs`) from the first type it has a model for: that type's goodput on
 the same number of GPUs times the ratio of the two types' 1-GPU throughputs in the profiles (largest per-GPU batch
 over the step time). A job measured nowhere yet is offered 1 GPU of each type, valued alike.
@@ -142,10 +141,7 @@ class SiaPolicy(Policy):
         key = (job.app.name, gpu_type, frozenset(measured))
         if key not in self._fits:
             self._fits[key] = fit_perf_params(*zip(*((*k, *v) for k, v in measured.items())))
-        # valued at batches up to the job's submitted one, as the artifact's speedup function does (its jobs keep
-        # `target_batch_size`, while they tune their own batch up to the application's largest)
-        submitted = job.spec.batch_size and max(job.spec.batch_size, job.app.init_batch_size)
-        return job.goodput_model(self._fits[key], gpu_type, submitted)
+        return job.goodput_model(self._fits[key], gpu_type)
 
     def _record(self, jobs):
         """Attribute what each job measured in the last round to the GPU type it ran on: the job's own record says
