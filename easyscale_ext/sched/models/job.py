@@ -176,6 +176,7 @@ class AppJob(Job):
     # of Sia's artifact; one that has not measured on its type yet runs the initial batch); else one model fitted
     # to whatever it measured (Pollux's agent, unaware of types)
     per_type_batch = False  # bound its per-GPU batch by each GPU type's own profile, not the T4's (Sia's artifact)
+    micro_batch = None  # fixed by the job (virtual workers'), else chosen per configuration
 
     def max_local_bsz_on(self, gpu_type) -> int:
         """The largest per-GPU batch the job may run on `gpu_type` (None: several types, the T4's bound)."""
@@ -194,7 +195,10 @@ class AppJob(Job):
     def max_profiled_replicas(self) -> int:
         return max((key[1] for key in self.observed), default=0)
 
-    micro_batch = None  # fixed by the job (virtual workers'), else chosen per configuration
+    @property
+    def configuration(self) -> tuple:
+        """(nodes, replicas, micro-batch): what a measurement of its step time is of."""
+        return len(self.placement), self.num_gpus, self.local_bsz
 
     def goodput_model(self, perf=None, gpu_type=None):
         """Its goodput model under its own fit (or `perf`, fitted on `gpu_type`), at its batch if that is fixed."""
@@ -224,13 +228,16 @@ class AppJob(Job):
 
     def _observe(self, step, sync, grad):
         self.grad = grad
-        key = (len(self.placement), self.num_gpus, self.local_bsz)
-        own = self.observed_on.setdefault(self.gpu_type, {}) if self.per_type_fit else self.observed
+        key, own = self.configuration, self._own()
         new = key not in own
         self.observed.setdefault(key, (step, sync))
         own.setdefault(key, (step, sync))
         if new:
             self.perf = self._fit(own)
+
+    def _own(self) -> dict:
+        """The measurements its own model is fitted to: the current type's with per_type_fit."""
+        return self.observed_on.setdefault(self.gpu_type, {}) if self.per_type_fit else self.observed
 
     def _fit(self, observed):
         """The throughput model fitted to `observed`: jobs of one application tend to measure the same, so the fit
@@ -294,23 +301,22 @@ class VirtualWorkerJob(AppJob):
         d = self.spec.virtual_workers
         if self.num_gpus > d:
             raise ValueError(f"{self.name} has {d} virtual workers and cannot use {self.num_gpus} GPUs")
-        self.local_bsz, self.accum_steps = self.spec.batch_size // d, 0
+        self.local_bsz, self.accum_steps = self.micro_batch, 0
         self._iteration = self.step_on(tuple(self.groups.items()))[0]
-
-    def step_on(self, groups) -> tuple:
-        """(seconds per step, EasyScale's waste) on `groups` ((GPU type, GPUs per node) pairs): what a policy
-        weighs a proposal by (virtual_worker_step)."""
-        d = self.spec.virtual_workers
-        return virtual_worker_step(self.app, d, self.spec.batch_size // d, groups)
 
     @property
     def micro_batch(self) -> int:
         return self.spec.batch_size // self.spec.virtual_workers
 
+    def step_on(self, groups) -> tuple:
+        """(seconds per step, EasyScale's waste) on `groups` ((GPU type, GPUs per node) pairs): what a policy
+        weighs a proposal by (virtual_worker_step)."""
+        return virtual_worker_step(self.app, self.spec.virtual_workers, self.micro_batch, groups)
+
     def iteration_time(self) -> float:
         if not self.mixed:  # its agent measures as a job's on one type does (Pollux's and Sia's models fit it)
             grad = self.app.noise.grad_stats(self.global_batch, self.epoch)
-            if (len(self.placement), self.num_gpus, self.local_bsz) in self.observed:
+            if self.configuration in self._own():
                 self.grad = grad
             else:
                 self._observe(*self.app.profile(self.gpu_type).step_time(self.placement, self.local_bsz), grad)

@@ -152,7 +152,7 @@ class SiaPolicy(Policy):
             if job.gpu_type is not None:
                 measured = self._measured.setdefault(job.name, {}).setdefault(job.gpu_type, {})
                 measured.update((k, job.observed[k]) for k in job.observed.keys() - seen)
-                key = (len(job.placement), job.num_gpus, job.local_bsz)
+                key = job.configuration
                 if key in job.observed and key not in measured:  # measured before, on another type
                     measured[key] = job.app.profile(job.gpu_type).step_time(job.placement, job.local_bsz)
             seen |= job.observed.keys()
