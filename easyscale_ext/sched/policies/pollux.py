@@ -64,7 +64,7 @@ class PolluxPolicy(Policy):
         smallest_type = min(view.room(view.gpus).values())  # the whole cluster when homogeneous
         max_gpus = np.array([_max_gpus(job, smallest_type) for job in jobs])
         speedup = self._speedup_tables(jobs, view, max_gpus)
-        age = np.array([now - job.arrival for job in jobs])
+        age = np.maximum([now - job.arrival for job in jobs], 0.0)  # a job handed over before its arrival: new
         restarts = np.array([job.restarts for job in jobs])
         factor = np.maximum(age - restarts * self.restart_s, 0) / (age + self.restart_s)
         search = _Search(base, np.asarray(view.gpus), max_gpus, speedup, factor, self.p,
