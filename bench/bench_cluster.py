@@ -37,6 +37,8 @@ APPS = ("imagenet", "yolov3", "deepspeech2", "bert")
 TYPES = ("t4", "a100")
 POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
 VIRTUAL_WORKERS, SLOTS = 4, 4
+CLUSTER = ",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES))  # as `easyscale simulate --cluster`, in the scheduler's
+# node order (scheduler.policy_view: by type)
 COSTS = ("start", "pause", "join", "exit", "suspend", "resume", "lag")  # measured: (processes, seconds, when) each
 STARTS = ("start", "resume", "join")  # the costs that start processes: they share this machine's cores
 
@@ -131,9 +133,9 @@ def calibrated(measured) -> dict:
     costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()}
     if not starts:
         return dict(costs, parallel_starts=0.0, start_weight=1.0)
-    (_, full, parallel), weight = min(((fit(shared, p), w) for w, shared in ((w, sharing(w)) for w in
-                                                                               np.arange(0.0, 1.05, 0.05))
-                                       for p in np.arange(1.0, 16.25, 0.25)), key=lambda f: f[0][0])
+    fits = [(fit(shared, p), w) for w in np.arange(0.0, 1.05, 0.05) for shared in [sharing(w)]
+            for p in np.arange(1.0, 16.25, 0.25)]
+    (_, full, parallel), weight = min(fits, key=lambda f: f[0][0])
     return dict(costs, **full, parallel_starts=float(parallel), start_weight=round(float(weight), 2))
 
 
@@ -150,14 +152,13 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     # each job as the scheduler modelled it (sched.live: D2, so it may span types), known to last one short epoch
     specs = [replace(live.job_model(j["name"], j["arrival"], VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
                                     heterogeneous=True).spec, epochs=1) for j in result.jobs]
-    cluster = Cluster.parse(",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES)))  # the scheduler's node order
+    cluster = Cluster.parse(CLUSTER)
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
-                       suspend_s=costs["suspend"], parallel_starts=costs.get("parallel_starts", 0.0),
-                       start_weight=costs.get("start_weight", 1.0), rounds_at_arrivals=True,
-                       arrival_lag_s=costs.get("lag", 0.0),
+                       suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
+                       start_weight=costs["start_weight"], rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 
@@ -170,7 +171,7 @@ def plot(folder, policy, result, real, simulated, sim):
 
     from easyscale_ext.cli.simulate import write_outputs
 
-    cluster = SimpleNamespace(spec=",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES)), total_gpus=len(TYPES) * SLOTS)
+    cluster = SimpleNamespace(spec=CLUSTER, total_gpus=len(TYPES) * SLOTS)
     for stem, run, summary in (("real", result, real), ("simulated", simulated, sim)):
         with contextlib.redirect_stdout(sys.stderr):  # stdout is the markdown
             write_outputs(Path(folder), stem, policy, cluster, SimpleNamespace(workload="bench_cluster", seed=0), {},
