@@ -8,6 +8,16 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
+def _default_in_forked_child() -> None:
+    # A DataLoader worker or a pool's process ends on SIGTERM, as by default. Done at the fork, not in the
+    # handler: a Python-level handler runs only between bytecodes, so a signal that lands just before a
+    # blocking call (a 30 s sleep, a queue read) would wait for that call to return.
+    if getattr(signal.getsignal(signal.SIGTERM), "__module__", None) == __name__:  # on_sigterm's
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_in_forked_child)
+
 
 def on_sigterm(leave: Callable[[], None]) -> None:
     """Call leave() on this process's first SIGTERM (from the main thread only, as Python requires)."""
@@ -17,7 +27,7 @@ def on_sigterm(leave: Callable[[], None]) -> None:
 
     def handler(signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the second one terminates
-        if os.getpid() != pid:  # a forked child (a DataLoader worker, a pool's): ends as by default
+        if os.getpid() != pid:  # a child forked past os.fork (by C code): never leaves in its parent's name
             os.kill(os.getpid(), signal.SIGTERM)
             return
         leave()
