@@ -19,6 +19,23 @@ def test_configurations_are_powers_of_two_in_a_node_then_whole_nodes():
     assert gpu_counts(8, 2) == [1, 2, 4, 8, 16]
 
 
+def brute_force(options, costs, capacity, num_jobs) -> float:
+    """The least total cost of at most one option per job within capacity, by trying every choice."""
+    def total(pick):  # pick: an option index or None per job
+        used = {t: sum(g for i in pick if i is not None for u, g in options[i][1] if u == t) for t in capacity}
+        if any(used[t] > capacity[t] for t in capacity):
+            return np.inf
+        return sum(costs[i] for i in pick if i is not None)
+
+    per_job = [[None] + [i for i, o in enumerate(options) if o[0] == j] for j in range(num_jobs)]
+    return min(total(pick) for pick in itertools.product(*per_job))
+
+
+def cost_of(chosen, options, costs) -> float:
+    assert len({j for j, _ in chosen}) == len(chosen)  # at most one configuration per job
+    return sum(costs[options.index(c)] for c in chosen)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_integer_program_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
@@ -28,17 +45,51 @@ def test_integer_program_matches_brute_force(seed):
     options += [(j, (("t4", 2), ("a100", 4))) for j in range(2)]  # a configuration spanning both types
     costs = rng.uniform(-1.1, 0.5, len(options))
     chosen = SiaPolicy()._solve(2, options, costs, np.zeros(len(options), bool), capacity)
+    assert cost_of(chosen, options, costs) == pytest.approx(brute_force(options, costs, capacity, 2))
 
-    def total(pick):  # pick: an option index or None per job
-        used = {t: sum(g for i in pick if i is not None for u, g in options[i][1] if u == t) for t in capacity}
-        if any(used[t] > capacity[t] for t in capacity):
-            return np.inf
-        return sum(costs[i] for i in pick if i is not None)
 
-    per_job = [[None] + [i for i, o in enumerate(options) if o[0] == j] for j in range(2)]
-    best = min(total(pick) for pick in itertools.product(*per_job))
-    assert sum(costs[options.index(c)] for c in chosen) == pytest.approx(best)
-    assert len({j for j, _ in chosen}) == len(chosen)  # at most one configuration per job
+@pytest.mark.parametrize("seed", range(4))
+def test_a_constant_in_every_cost_does_not_loosen_the_program(seed):
+    # Ours' costs hold -1,000 each (every job runs first). HiGHS's 0.01 % gap, taken relative to that, let seeds
+    # 1 and 3 stop 0.02 and 0.12 short of the best choice until _solve took the constant out.
+    from scipy.optimize import LinearConstraint, milp
+    from scipy.sparse import csr_array
+
+    rng = np.random.default_rng(seed)
+    jobs, capacity = 60, {"t4": 120, "a100": 60}
+    options = [(j, ((t, g),)) for j in range(jobs) for t in capacity for g in (1, 2, 4, 8)]
+    costs = -np.sqrt(rng.uniform(0, 3, len(options))) - 1e3
+    policy = SiaPolicy()
+    policy.offset = -1e3
+    chosen = policy._solve(jobs, options, costs, np.zeros(len(options), bool), capacity)
+    # every job runs (it fits on one GPU of either type): the best choice, to no gap, as a reference
+    n = len(options)
+    one_each = csr_array((np.ones(n), ([j for j, _ in options], np.arange(n))))
+    fits = csr_array(([float(g) for _, ((_, g),) in options],
+                      ([list(capacity).index(t) for _, ((t, _),) in options], np.arange(n))))
+    best = milp(costs + 1e3, integrality=np.ones(n), bounds=(0, 1), options={"mip_rel_gap": 0},
+                constraints=[LinearConstraint(one_each, 1, 1), LinearConstraint(fits, 0, list(capacity.values()))])
+    assert cost_of(chosen, options, costs) == pytest.approx(best.fun - 1e3 * jobs, rel=0, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_close(seed, monkeypatch):
+    from easyscale_ext.sched.policies import sia
+
+    rng = np.random.default_rng(seed)
+    capacity = {"t4": 12, "a100": 8}
+    options = [(j, ((t, g),)) for j in range(9) for t in capacity for g in (1, 2, 4, 8)]
+    costs = -np.sqrt(rng.uniform(0, 3, len(options))) - 1.0
+    forced = np.zeros(len(options), bool)
+    forced[[5, 40]] = True  # jobs 0 and 5 restarting on their configurations
+    exact = cost_of(SiaPolicy()._solve(9, options, costs, forced, capacity), options, costs)
+    monkeypatch.setattr(sia, "EXACT_OPTIONS", 0)  # every program is "large"
+    chosen = SiaPolicy()._solve(9, options, costs, forced, capacity)
+    assert {options[5], options[40]} <= set(chosen)
+    for gpu_type in capacity:
+        assert sum(g for _, config in chosen for t, g in config if t == gpu_type) <= capacity[gpu_type]
+    # 9 jobs is the worst case (a split job weighs 1/9 of all): 3 % at most over 200 seeds, 0 in 61 % of them
+    assert exact - 1e-9 <= cost_of(chosen, options, costs) <= exact + 0.05 * abs(exact)
 
 
 def test_capacity_forced_config_and_no_allocation():

@@ -14,7 +14,9 @@ restart factor max(age - restarts * R, 0) / (age + R) (1 while age < R). With p 
 value^p <= 1, convex in the value so that starving a job costs more than slowing one; every job left without GPUs
 costs lambda_n = 1.1 more than any allocation (so every job runs while GPUs last), and a change of allocation
 lambda_a = 0.01 more. The integer program (HiGHS, scipy.optimize.milp) picks at most one configuration per job, within
-each type's GPU count, at least cost. Jobs still restarting keep their configuration. Each type's jobs are then
+each type's GPU count, at least cost; above 10,000 configurations (hundreds of jobs) it keeps the choices of its LP
+relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs still restarting keep their
+configuration. Each type's jobs are then
 placed on its nodes, largest first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node
 goes to the fullest node that holds it.
 """
@@ -28,6 +30,7 @@ from .base import Policy, place
 MAX_GPUS = 64  # the artifact's cap on a job's GPUs
 CLIP = 3000.0  # the artifact's cap on a configuration's cost: a restart factor of 0 then only deters a change
 TINY = 1e-12
+EXACT_OPTIONS = 10_000  # configurations up to which the integer program is solved as it is (_solve)
 
 
 def gpu_counts(per_node: int, num_nodes: int) -> list:
@@ -54,6 +57,7 @@ class SiaPolicy(Policy):
         self.p, self.lambda_n, self.lambda_a, self.restart_s = p, lambda_n, lambda_a, restart_s
         self.growth = 2  # a job is offered at most this many times the most GPUs it has been measured on
         self.mixes_types = False  # offers configurations spanning GPU types (ours)
+        self.offset = 0.0  # a constant in every configuration's cost (_solve takes it out of the objective)
         if in_place is not None:  # its jobs run in place (the ablation "Sia + in place"), discounting by restart_s
             self.in_place = in_place
         if name is not None:
@@ -160,14 +164,22 @@ class SiaPolicy(Policy):
         self._measured = {n: m for n, m in self._measured.items() if n in active}
 
     def _solve(self, num_jobs, options, costs, forced, capacity) -> list:
-        """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost."""
+        """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost.
+
+        Each job also gets a variable for no GPUs (cost 0) and takes exactly one; `self.offset`, a constant in
+        every configuration's cost, is taken out of all of them, so that HiGHS's relative gap (0.01 %) is relative
+        to what the choice is worth, not to that constant. Above EXACT_OPTIONS configurations the integer program
+        is solved on its LP relaxation's terms: jobs the relaxation gives a whole configuration (or none) keep it,
+        and the integer program decides the few it splits (at most a couple per GPU type) over all their options.
+        """
         # here, not at the top: the CLI's parsers import this module (`status` stays quick)
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
 
         if not options:
             return []
-        jobs = np.array([j for j, _ in options])
+        size = len(options) + num_jobs  # the configurations, then each job's "no GPUs"
+        owner = np.concatenate([[j for j, _ in options], np.arange(num_jobs)])
         types = list(capacity)
         rows, cols, gpus = [], [], []
         for i, (_, config) in enumerate(options):
@@ -175,14 +187,20 @@ class SiaPolicy(Policy):
                 rows.append(types.index(gpu_type))
                 cols.append(i)
                 gpus.append(float(g))
-        one_each = csr_array((np.ones(len(options)), (jobs, np.arange(len(options)))), shape=(num_jobs, len(options)))
-        fits = csr_array((gpus, (rows, cols)), shape=(len(types), len(options)))
-        result = milp(costs, integrality=np.ones(len(options)), bounds=Bounds(forced.astype(float), 1.0),
-                      constraints=[LinearConstraint(one_each, 0, 1),
-                                   LinearConstraint(fits, 0, [capacity[t] for t in types])])
+        constraints = [LinearConstraint(csr_array((np.ones(size), (owner, np.arange(size))), shape=(num_jobs, size)),
+                                        1, 1),
+                       LinearConstraint(csr_array((gpus, (rows, cols)), shape=(len(types), size)),
+                                        0, [capacity[t] for t in types])]
+        costs = np.concatenate([costs - self.offset, np.full(num_jobs, -self.offset)])
+        lower, upper = np.concatenate([forced, np.zeros(num_jobs)]).astype(float), np.ones(size)
+        if len(options) > EXACT_OPTIONS:
+            x = milp(costs, bounds=Bounds(lower, upper), constraints=constraints).x
+            whole = ~np.isin(owner, owner[(x > 1e-9) & (x < 1 - 1e-9)])
+            lower[whole] = upper[whole] = np.round(x[whole])
+        result = milp(costs, integrality=np.ones(size), bounds=Bounds(lower, upper), constraints=constraints)
         if result.x is None:
             raise RuntimeError(f"Sia's integer program failed: {result.message}")
-        return [options[i] for i in np.flatnonzero(result.x > 0.5)]
+        return [options[i] for i in np.flatnonzero(result.x[:len(options)] > 0.5)]
 
     @staticmethod
     def _place(chosen, allocations, cluster) -> dict:
