@@ -50,6 +50,8 @@ class OursPolicy(SiaPolicy):
         self.mixed, self.fast_growth, self.utility = mixed, fast_growth, utility
         self.mixes_types = mixed
         self.growth = MAX_GPUS if fast_growth else 2
+        if utility:
+            self.offset = -EVERY_JOB
 
     def _cost(self, value) -> float:
         if not self.utility:
@@ -76,7 +78,7 @@ class OursPolicy(SiaPolicy):
         model, scale = estimator[fast]
         out = {}
         for other in (t for t in types if t != fast):
-            pairs = [(g1, g2) for g1 in counts[fast] for g2 in counts[other] if g1 + g2 <= limit]
+            pairs = [(g1, g2) for g1 in counts[fast] if g1 < limit for g2 in counts[other] if g1 + g2 <= limit]
             if not pairs:
                 continue
             g1, g2 = (np.array(x) for x in zip(*pairs))
