@@ -53,16 +53,12 @@ class GoodputModel:
     def best(self, num_nodes, num_replicas):
         """Best (goodput, micro-batch, accumulation steps) for each (nodes, replicas) pair (arrays); with a fixed
         batch, that batch's (goodput 0 where it cannot run)."""
-        app = self.app
         nodes = np.atleast_1d(np.asarray(num_nodes, dtype=float))
         reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
         if self.batch_size is not None:
             return self._at_batch(nodes, reps)
-        low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
-        batch = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
-        local, accum = split_batch(batch, reps, self.max_local_bsz, app.init_batch_size)
-        good = self.goodput(nodes, reps, local, accum)
-        good = np.where((local >= app.min_local_bsz) & (local <= self.max_local_bsz), good, 0.0)
+        batch, local, accum, speed = _speeds(self.perf, self.app, self.max_local_bsz, tuple(nodes), tuple(reps))
+        good = speed * efficiency(self.grad_sqr, self.grad_var, batch / self.app.init_batch_size)
         pick = np.argmax(good, axis=0), np.arange(len(reps))
         return good[pick], local[pick], accum[pick]
 
@@ -75,6 +71,23 @@ class GoodputModel:
             accum = (np.ceil(batch / (reps * self.micro_batch) - EPS) - 1).astype(int)
         good = np.where(reps <= self.max_replicas, self.goodput(nodes, reps, local, accum, batch), 0.0)
         return good, local, accum
+
+
+@lru_cache(maxsize=4096)
+def _speeds(perf, app, max_local_bsz, nodes: tuple, reps: tuple):
+    """(global batch, micro-batch, accumulation steps, samples per second; 0 where the micro-batch is out of
+    bounds) of each candidate (rows) on each (nodes, replicas) pair (columns): what every job of `app` with these
+    throughput parameters shares, whatever its gradient statistics (a round values thousands of jobs)."""
+    nodes, reps = np.array(nodes), np.array(reps)
+    low = np.maximum(app.init_batch_size, app.min_local_bsz * reps)
+    candidates = np.geomspace(low, np.full_like(low, app.max_batch_size), CANDIDATES)  # (candidates, pairs)
+    local, accum = split_batch(candidates, reps, max_local_bsz, app.init_batch_size)
+    batch = reps * local * (accum + 1)
+    speed = batch / throughput.iteration_time(perf, nodes, reps, local, accum)
+    speed = np.where((local >= app.min_local_bsz) & (local <= max_local_bsz), speed, 0.0)
+    for array in (batch, local, accum, speed):
+        array.flags.writeable = False  # shared by every caller
+    return batch, local, accum, speed
 
 
 def fixed_batch_config(batch_size, num_replicas, app, max_local_bsz=None):
