@@ -166,20 +166,41 @@ class SiaPolicy(Policy):
     def _solve(self, num_jobs, options, costs, forced, capacity) -> list:
         """The (job, configuration) chosen: at most one per job, within each type's GPUs, least total cost.
 
-        Each job also gets a variable for no GPUs (cost 0) and takes exactly one; `self.offset`, a constant in
-        every configuration's cost, is taken out of all of them, so that HiGHS's relative gap (0.01 %) is relative
-        to what the choice is worth, not to that constant. Above EXACT_OPTIONS configurations the integer program
-        is solved on its LP relaxation's terms: jobs the relaxation gives a whole configuration (or none) keep it,
-        and the integer program decides the few it splits (at most a couple per GPU type) over all their options.
+        `self.offset`, a constant in every configuration's cost, is taken out of all of them, so that HiGHS's
+        relative gap (0.01 %) is relative to what the choice is worth, not to that constant: each job then takes
+        exactly one of its configurations or a "no GPUs" variable that carries the constant. Without one (Sia),
+        the program keeps the form its figures against the artifact were measured with: HiGHS may break near-ties
+        differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above EXACT_OPTIONS
+        configurations the integer program is solved on its LP relaxation's terms: jobs the relaxation gives a
+        whole configuration (or none) keep it, and the integer program decides the few it splits (at most a couple
+        per GPU type) over all their options.
         """
+        if not options:
+            return []
+        if len(options) <= EXACT_OPTIONS:
+            return [options[i] for i in np.flatnonzero(self._program(num_jobs, options, costs, forced, capacity) > 0.5)]
+        x = self._program(num_jobs, options, costs, forced, capacity, integral=False)
+        owner = np.array([j for j, _ in options])
+        split = np.isin(owner, owner[(x > 1e-9) & (x < 1 - 1e-9)])
+        taken = [options[i] for i in np.flatnonzero(~split & (x > 0.5))]
+        rest = np.flatnonzero(split)
+        if not rest.size:
+            return taken
+        jobs = list(dict.fromkeys(owner[rest]))  # the split jobs, numbered anew for their own program
+        left = {t: capacity[t] - sum(g for _, config in taken for u, g in config if u == t) for t in capacity}
+        x = self._program(len(jobs), [(jobs.index(owner[i]), options[i][1]) for i in rest], costs[rest], forced[rest],
+                          left)
+        return taken + [options[i] for i in rest[x > 0.5]]
+
+    def _program(self, num_jobs, options, costs, forced, capacity, integral=True) -> np.ndarray:
+        """Each configuration's value in the program's solution (or its LP relaxation's)."""
         # here, not at the top: the CLI's parsers import this module (`status` stays quick)
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
 
-        if not options:
-            return []
-        size = len(options) + num_jobs  # the configurations, then each job's "no GPUs"
-        owner = np.concatenate([[j for j, _ in options], np.arange(num_jobs)])
+        idle = num_jobs if self.offset else 0  # the "no GPUs" variables, after the configurations
+        size = len(options) + idle
+        owner = np.concatenate([[j for j, _ in options], np.arange(idle)]).astype(int)
         types = list(capacity)
         rows, cols, gpus = [], [], []
         for i, (_, config) in enumerate(options):
@@ -188,19 +209,16 @@ class SiaPolicy(Policy):
                 cols.append(i)
                 gpus.append(float(g))
         constraints = [LinearConstraint(csr_array((np.ones(size), (owner, np.arange(size))), shape=(num_jobs, size)),
-                                        1, 1),
+                                        1 if idle else 0, 1),
                        LinearConstraint(csr_array((gpus, (rows, cols)), shape=(len(types), size)),
                                         0, [capacity[t] for t in types])]
-        costs = np.concatenate([costs - self.offset, np.full(num_jobs, -self.offset)])
-        lower, upper = np.concatenate([forced, np.zeros(num_jobs)]).astype(float), np.ones(size)
-        if len(options) > EXACT_OPTIONS:
-            x = milp(costs, bounds=Bounds(lower, upper), constraints=constraints).x
-            whole = ~np.isin(owner, owner[(x > 1e-9) & (x < 1 - 1e-9)])
-            lower[whole] = upper[whole] = np.round(x[whole])
-        result = milp(costs, integrality=np.ones(size), bounds=Bounds(lower, upper), constraints=constraints)
+        result = milp(np.concatenate([costs - self.offset, np.full(idle, -self.offset)]),
+                      integrality=np.full(size, int(integral)),
+                      bounds=Bounds(np.concatenate([forced, np.zeros(idle)]).astype(float), 1.0),
+                      constraints=constraints)
         if result.x is None:
             raise RuntimeError(f"Sia's integer program failed: {result.message}")
-        return [options[i] for i in np.flatnonzero(result.x[:len(options)] > 0.5)]
+        return result.x[:len(options)]
 
     @staticmethod
     def _place(chosen, allocations, cluster) -> dict:
