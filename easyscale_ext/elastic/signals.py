@@ -8,6 +8,7 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
+
 def _default_in_forked_child() -> None:
     # A DataLoader worker or a pool's process ends on SIGTERM, as by default. Done at the fork, not in the
     # handler: a Python-level handler runs only between bytecodes, so a signal that lands just before a

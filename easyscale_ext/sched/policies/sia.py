@@ -172,8 +172,8 @@ class SiaPolicy(Policy):
         the program keeps the form its figures against the artifact were measured with: HiGHS may break near-ties
         differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above EXACT_OPTIONS
         configurations the integer program is solved on its LP relaxation's terms: jobs the relaxation gives a
-        whole configuration (or none) keep it, and the integer program decides the few it splits (at most a couple
-        per GPU type) over all their options.
+        whole configuration (or none) keep it, and an integer program of their own decides the few it splits (at
+        most a couple per GPU type), over all their options and the GPUs left.
         """
         if not options:
             return []
@@ -186,9 +186,9 @@ class SiaPolicy(Policy):
         rest = np.flatnonzero(split)
         if not rest.size:
             return taken
-        jobs = list(dict.fromkeys(owner[rest]))  # the split jobs, numbered anew for their own program
+        number = {j: k for k, j in enumerate(dict.fromkeys(owner[rest]))}  # the split jobs, numbered anew
         left = {t: capacity[t] - sum(g for _, config in taken for u, g in config if u == t) for t in capacity}
-        x = self._program(len(jobs), [(jobs.index(owner[i]), options[i][1]) for i in rest], costs[rest], forced[rest],
+        x = self._program(len(number), [(number[owner[i]], options[i][1]) for i in rest], costs[rest], forced[rest],
                           left)
         return taken + [options[i] for i in rest[x > 0.5]]
 
