@@ -48,6 +48,17 @@ def want_cuda():
     return have if choice == "auto" else choice == "1"
 
 
+def shared_libstdcxx():
+    """Link flags that give _C the shared libstdc++, as torch has. A compiler whose libstdc++ is an archive only
+    (a lent GPU machine's image sets CXX to one) links a private copy into _C, whose symbols interpose with
+    torch's: the first stream output in _C then crashed (an uninitialised locale facet)."""
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    found = subprocess.run([get_cxx_compiler(), "-print-file-name=libstdc++.so"], capture_output=True,
+                           text=True).stdout.strip()
+    return [] if os.path.isabs(found) else ["-Wl,--no-as-needed", "-l:libstdc++.so.6"]
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -57,15 +68,15 @@ def extension():
     # written, identically under g++ and nvcc.
     cxx = opt + ["-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
     sources = sorted(glob.glob("csrc/core/*.cpp")) + sorted(glob.glob("csrc/torch/*.cpp"))
+    link = ["-fopenmp"] + shared_libstdcxx()
     if want_cuda():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
         sources = [s for s in sources if not s.endswith("device_backend_none.cpp")]
         sources += sorted(glob.glob("csrc/core/cuda/*.cu")) + sorted(glob.glob("csrc/torch/cuda/*.cpp"))
         nvcc = opt + ["--fmad=false", "-Xcompiler", "-ffp-contract=off"]
         return CUDAExtension("easyscale_ext._C", sources, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-                             extra_link_args=["-fopenmp"])
-    return CppExtension("easyscale_ext._C", sources, extra_compile_args={"cxx": cxx},
-                        extra_link_args=["-fopenmp"])
+                             extra_link_args=link)
+    return CppExtension("easyscale_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 
 def main():

@@ -1,6 +1,7 @@
 """Tests of easyscale_ext.ContextStore through its Python bindings: roundtrips,
 slab reuse, error mapping, serialisation, thread safety and (on a GPU) the
 asynchronous pinned/device paths."""
+import subprocess
 import threading
 
 import pytest
@@ -336,6 +337,12 @@ def test_concurrent_threads_own_workers():
     assert errors == []
     assert store.workers() == [0, 1, 2, 3]
 
+
+
+def test_the_extension_links_the_shared_libstdcxx_as_torch_does():
+    # A private, static copy interposes with torch's and crashed the first stream output in _C (setup.py).
+    out = subprocess.run(["ldd", es._C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++.so" in out, out
 
 # --------------------------------------------------------------------------
 # CUDA: pinned and device memory, asynchronous saves
