@@ -3,11 +3,12 @@
 Generation g has an ordered member list in the job store and its own process group, formed on a
 PrefixStore("gen{g}"). Every process beats a counter into the store on a thread and connection of its own;
 a member whose counter has not moved for liveness_s (as seen by the observer: no clocks are compared across
-machines) is lost. The same thread cuts the current group's connections when a member's beat lapses: a
-member that stops without closing them (a lost machine, a stopped process) would otherwise fail no
-collective before the group's timeout.
+machines) is lost. The same thread cuts the current group when a member's beat lapses (gloo: its connections
+shut down; NCCL: its communicators aborted): a member that stops without closing its connections (a lost
+machine, a stopped process) would otherwise fail no collective before the group's timeout.
 """
 import atexit
+import functools
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -40,8 +41,8 @@ class Membership:
         self.liveness = Liveness(self.store, liveness_s)
         self.generation = -1
         self.members: List[str] = []
-        # (generation, members, the group's sockets) while a group is up: what the heartbeat thread watches
-        self._watch: Optional[Tuple[int, List[str], Dict[int, int]]] = None
+        # (generation, members, what cuts the group) while a group is up: what the heartbeat thread watches
+        self._watch: Optional[Tuple[int, List[str], Callable[[], None]]] = None
         # Connected before any group forms, so that its socket is never taken for one of the group's.
         beat_store = connect(address, timeout_s)
         self._closing = threading.Event()
@@ -66,15 +67,30 @@ class Membership:
             raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
         self.leave_group()
         self._await_members(generation)
+        if self.backend == "nccl":
+            # A collective that fails, times out or is aborted then raises in wait(), into recover(), instead of
+            # NCCL's watchdog ending the process. Read as the group forms; a setting of the user's stands.
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         before = _sockets()
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
                                 rank=self.rank, world_size=len(self.members), timeout=self.timeout)
-        # gloo's connections to the other members. NCCL's are its own and nothing cuts them: a lost process
-        # ends its collective at the group's timeout, where NCCL's watchdog tears the process down (by default)
-        # rather than raising into recover(); restart the job from its checkpoint.
+        self._watch = (generation, list(self.members), self._cutter(before))
+
+    def _cutter(self, before: Dict[int, int]) -> Callable[[], None]:
+        """What fails the collectives of the group just formed at once: gloo's connections to the other members
+        (the sockets opened since `before`) shut down, NCCL's communicators aborted (their kernels end, and
+        the blocking wait raises)."""
+        if self.backend == "nccl":
+            return dist.group.WORLD.abort
         sockets = {fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode} \
             if self.backend == "gloo" else {}
-        self._watch = (generation, list(self.members), sockets)
+        return functools.partial(_shut_down, sockets)
+
+    def cut(self) -> None:
+        """Fail the current group's collectives now (what the heartbeat does when a member's beat lapses)."""
+        watch = self._watch
+        if watch is not None:
+            watch[2]()
 
     def enter_first(self) -> None:
         """Form the job's first group. A first member lost before it formed (say, its node went as the job started)
@@ -122,8 +138,8 @@ class Membership:
     def _heartbeat(self, store) -> None:
         """Beat this process's counter every liveness_s / 5 on a connection of its own, and watch the
         members' beats: one that stopped without closing its connections fails no collective before the
-        group's timeout, so its lapse cuts the group's connections here, which fails the collective this
-        process waits in, if any, at once (then recover())."""
+        group's timeout, so its lapse cuts the group here, which fails the collective this process waits in,
+        if any, at once (then recover())."""
         liveness, cut = Liveness(store, self.liveness_s), None
         try:
             while not self._closing.is_set():
@@ -134,9 +150,9 @@ class Membership:
                     cut = watch[0]
                     for m in lapsed:  # recover() need not wait out another liveness_s to see it
                         store.set(f"lost/{m}", "no heartbeat")
-                    log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's connections",
+                    log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's group",
                                 self.id, ", ".join(lapsed), self.liveness_s, cut)
-                    _shut_down(watch[2])
+                    watch[2]()
                 self._closing.wait(self.liveness_s / 5)
         except Exception:  # the store is gone: the job is over
             return
