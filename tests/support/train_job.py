@@ -125,6 +125,24 @@ class AugmentedImages(Dataset):
         return self.augment(self.x[i]), self.y[i], i
 
 
+class Digits(Dataset):
+    """The demo's data: scikit-learn's handwritten digits through its random shifts of up to one pixel."""
+
+    def __init__(self, n):
+        from easyscale_ext.cli.demo import Augmented, digits
+
+        self.base = Augmented(digits()[0])
+        if n > len(self.base):
+            raise ValueError(f"the digits hold {len(self.base)} training images, fewer than the {n} asked for")
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return (*self.base[i], i)
+
+
 class HFBert(nn.Module):
     """A transformers BERT built from a small config (random weights: nothing downloaded), dropout and attention
     as in any BERT, predicting each token's successor."""
@@ -153,6 +171,11 @@ def build(name, device, samples):
     if name == "bert":
         model = HFBert().to(device)
         return model, Tokens(samples), torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if name == "digits":  # the demo's model and data
+        from easyscale_ext.cli import demo
+
+        model = demo.model().to(device)
+        return model, Digits(samples), torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     if name == "cnn":
         model = ConvNet().to(device)
         return model, Images(samples), torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -465,7 +488,7 @@ def main():
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung test's processes are: kill -USR1
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["easyscale", "ddp", "plain", "reference"], required=True)
-    ap.add_argument("--model", choices=["cnn", "transformer", "branchy", "resnet18", "bert"], default="cnn")
+    ap.add_argument("--model", choices=["cnn", "transformer", "branchy", "resnet18", "bert", "digits"], default="cnn")
     ap.add_argument("--virtual-workers", dest="n", type=int, default=4)  # not --n: torchrun would take it
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--procs", type=int, default=1)
@@ -479,6 +502,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--backend", default="", help="the group's backend (default: nccl on CUDA, else gloo); gloo "
+                    "runs several processes on one GPU, which NCCL refuses")
     ap.add_argument("--broadcast-buffers", type=int, default=1)
     ap.add_argument("--split-at", type=int, default=0, help="rank 0 requests --split at this step")
     ap.add_argument("--split", default="", help="virtual workers per process, e.g. 6,3,3")
@@ -534,7 +559,8 @@ def main():
         from easyscale_ext.elastic import init_process_group
         init_process_group("gloo")
     elif args.procs > 1 and not args.elastic:
-        dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo", init_method=args.init, rank=args.rank, world_size=args.procs)
+        backend = args.backend or ("nccl" if DEVICE.type == "cuda" else "gloo")
+        dist.init_process_group(backend, init_method=args.init, rank=args.rank, world_size=args.procs)
     model, data, opt = build(args.model, DEVICE, args.steps * args.batch * args.n)  # exactly `steps` per epoch
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 36's GPU checks in one call on a lent GPU, most wanted first, so that a call cut short still returns
+# what it finished: the extension built for this GPU (skipped where a _C for this Python is already there, e.g.
+# carried from an earlier call on the same image), D2 hashes, `make test-gpu`'s tests, the kernel benchmarks,
+# D1/D2 step times. Everything lands in $OUT (default ./gpu-out): run.log, the JSON of each part, the built _C.
+#   OUT=DIR [COMPARE=other-gpu-hashes.json] bash bench/gpu_session.sh
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+exec > >(tee -a "$OUT/run.log") 2>&1
+PY=${PY:-python3}
+stamp() { echo "== $(date +%T) $*"; }
+
+stamp device
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn',
+torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"
+so_suffix=$($PY -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+if [ ! -f "easyscale_ext/_C$so_suffix" ]; then
+    stamp build
+    start=$SECONDS
+    TORCH_CUDA_ARCH_LIST=9.0 EASYSCALE_CUDA=1 MAX_JOBS=$(nproc) $PY setup.py -q build_ext --inplace \
+        > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    echo "built in $((SECONDS - start)) s"
+fi
+strip -g -o "$OUT/_C$so_suffix" "easyscale_ext/_C$so_suffix"
+$PY -c "import easyscale_ext as es; print('cuda_built', es.cuda_built())"
+
+stamp hashes
+timeout 200 $PY bench/bench_gpu.py --parts hashes --json "$OUT/gpu-hashes.json" ${COMPARE:+--compare "$COMPARE"}
+stamp make test-gpu
+timeout 200 $PY -m pytest -ra -m gpu --continue-on-collection-errors -p no:cacheprovider -q -s tests 2>&1 \
+    | grep -v "^ERROR collecting\|^E  \|^_____" | tail -40
+stamp kernels
+timeout 90 $PY bench/bench_core.py --quick --json "$OUT/core.json" 2>/dev/null
+stamp levels
+timeout 200 $PY bench/bench_gpu.py --parts levels --json "$OUT/gpu-levels.json"
+stamp done
