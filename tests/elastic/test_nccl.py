@@ -1,9 +1,10 @@
 """An NCCL group cut as the heartbeat cuts it: its communicators aborted, its collectives failing with a DistError
 (into recover()) rather than ending the process, and the process forming the next generation's group in place.
 
-One GPU allows a group of one process (NCCL refuses two ranks on one GPU). What needs two GPUs, a survivor waiting
-in a collective on a member that stopped, is the same abort reached from the heartbeat thread while the main thread
-waits: TORCH_NCCL_BLOCKING_WAIT (set by Membership) makes that wait raise once the communicator is aborted.
+One GPU allows a group of one process (NCCL refuses two ranks on one GPU). What needs two GPUs is untested: a
+survivor waiting in a collective on a member that stopped, when the heartbeat thread aborts the group. Under
+TORCH_NCCL_BLOCKING_WAIT (set by Membership), ProcessGroupNCCL's wait polls the communicator's error state, so it
+should raise once the communicator is aborted.
 """
 import subprocess
 import sys
