@@ -187,7 +187,8 @@ def main():
                     "profiles' (a 4-GPU a100 step is 0.14 s, less than this CPU's own work for it)")
     ap.add_argument("--gap", type=float, default=5.0, help="seconds between arrivals")
     ap.add_argument("--round", type=float, default=5.0, help="seconds per scheduling round")
-    ap.add_argument("--runs", type=int, default=3, help="runs of each policy; the table gives medians")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="runs of each policy; the table gives medians (0: only the calibration, into --costs)")
     ap.add_argument("--calibration-policies", default="easyscale-heter,fifo",
                     help="the calibration runs' policies: one that grows jobs in place (1-process starts, joiners) and "
                     "one that starts whole jobs (4-process starts)")
@@ -258,6 +259,8 @@ def main():
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
           + f" (start, resume and join at full speed); {costs['parallel_starts']:g} processes starting at once go at "
           f"full speed, more share the machine, a start of n processes weighing n^{costs['start_weight']:g}\n")
+    if args.runs == 0:  # a calibration alone (into --costs)
+        return
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
     print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
           "| round median / max (s) |")
