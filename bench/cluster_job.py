@@ -4,13 +4,17 @@ on its slot's type ($EASYSCALE_SLOT_TYPE), the job holding the slots it holds: t
 device time is emulated (on several types the step lasts as long as the slowest process's, and the balancer
 moves virtual workers by the measured times), times SCALE (default 1: profiled steps on fast types are shorter
 than this CPU's own work for them). Rank 0 appends `step processes start end` per step to LOG, and prints the
-SHA-256 of the final state.
+SHA-256 of the final state. Every process prints when its start's phases ended (the script's first line, its
+imports, its model and member built), to show where a start's seconds go; rank 0's first step is in LOG.
 
     cluster_job.py APP STEPS LOG [SCALE]
 """
+import time
+
+LAUNCHED = time.time()
+
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +30,8 @@ from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import placement_of
 from easyscale_ext.sched.models.job import gpu_step
 from easyscale_ext.sched.models.traces import data_dir
+
+IMPORTED = time.time()
 
 N, BATCH = 4, 16
 app_name, steps, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -63,6 +69,7 @@ def train_step(step):
             log.write(f"{step.number} {len(slots)} {start:.4f} {time.time():.4f}\n")
 
 
+print(f"start phases: launched {LAUNCHED:.3f} imported {IMPORTED:.3f} built {time.time():.3f}", flush=True)
 final = member.run(train_step, ddp, optimizer, loader, epochs=1)
 if final is not None and ddp.rank == 0:
     print(f"step {final.step}: sha256 {es.state_sha256(model, optimizer)}", flush=True)
