@@ -6,6 +6,7 @@ survivor waiting in a collective on a member that stopped, when the heartbeat th
 TORCH_NCCL_BLOCKING_WAIT (set by Membership), ProcessGroupNCCL's wait polls the communicator's error state, so it
 should raise once the communicator is aborted.
 """
+import os
 import subprocess
 import sys
 
@@ -49,7 +50,9 @@ member.close()
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_an_nccl_group_cut_fails_its_collectives_and_the_next_generation_forms_in_the_process():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180)
+    # NCCL's bootstrap on loopback, as every test's traffic (it would take the first other interface)
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=180, env=env)
     print(out.stdout, out.stderr[-3000:])
     assert out.returncode == 0, out.stderr
     found = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
