@@ -65,8 +65,7 @@ def make(name):
 
         return resnet50(), torch.randn(32, 3, 224, 224), torch.randint(0, 1000, (32,))
     if name == "convbn":
-        sys.path.insert(0, HERE)
-        from bench_ddp import ConvBN
+        from bench_ddp import ConvBN  # bench/ is on the path: this file runs as a script
 
         return ConvBN(), torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
     layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.1, batch_first=True)
