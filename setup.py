@@ -1,4 +1,5 @@
-"""Builds easyscale_ext._C with torch.utils.cpp_extension (ninja, incremental); pyproject.toml has the rest.
+"""Builds easyscale_ext._C with torch.utils.cpp_extension (ninja, incremental), and the scheduler's torch-free
+easyscale_ext._search beside it; pyproject.toml has the rest.
 
 EASYSCALE_CUDA=1 forces the CUDA kernels in (and fails if they cannot be built),
 EASYSCALE_CUDA=0 forces a CPU-only build; unset, CUDA is used when the installed
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,6 +80,15 @@ def extension():
     return CppExtension("easyscale_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 
+def search_extension():
+    """The scheduler's compiled search: numpy in and out, no libtorch (the simulator does not import torch)."""
+    import pybind11
+
+    return Extension("easyscale_ext._search", sorted(glob.glob("csrc/sched/*.cpp")),
+                     include_dirs=[pybind11.get_include()], language="c++", extra_compile_args=["-O3", "-std=c++17"],
+                     extra_link_args=shared_libstdcxx())
+
+
 def main():
     locate_cuda_home()
     from torch.utils.cpp_extension import BuildExtension
@@ -92,7 +102,7 @@ def main():
             self.build_temp = os.path.join(HERE, "build", "ext")
 
     # Metadata, dependencies and the entry point are in pyproject.toml; this file builds the extension only.
-    setup(ext_modules=[extension()], cmdclass={"build_ext": IncrementalBuildExt})
+    setup(ext_modules=[extension(), search_extension()], cmdclass={"build_ext": IncrementalBuildExt})
 
 
 if __name__ == "__main__":

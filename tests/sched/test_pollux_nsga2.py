@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from easyscale_ext.sched.policies.pollux import CROSSOVER_P, SEARCHES, _rank_and_crowding, _Search
+from easyscale_ext._search import CROSSOVER_SHARE, rank_and_crowding
+from easyscale_ext.sched.policies.pollux import SEARCHES, _Search
 
 pymoo = pytest.importorskip("pymoo")
 from pymoo.algorithms.moo.nsga2 import NSGA2  # noqa: E402
@@ -45,7 +46,7 @@ class _Problem(Problem):
 
 class _Crossover(Crossover):
     def __init__(self):
-        super().__init__(n_parents=2, n_offsprings=2, prob=CROSSOVER_P)
+        super().__init__(n_parents=2, n_offsprings=2, prob=CROSSOVER_SHARE)
 
     def _do(self, problem, x, **kwargs):
         a, b = (problem.states(parents) for parents in x)
@@ -102,6 +103,6 @@ def test_survival_ranks_crowds_and_keeps_as_pymoo_does():
         survivors = int(rng.integers(1, len(goals) + 1))
         kept = RankAndCrowding().do(Problem(n_obj=2), Population.new(F=goals), n_survive=survivors,
                                     random_state=rng)
-        rank, crowding, keep = _rank_and_crowding(goals, survivors, rng)
+        rank, crowding, keep = rank_and_crowding(goals, survivors, int(rng.integers(2 ** 63)))
         ours = sorted(zip(rank[keep], np.round(crowding[keep], 9)))
         assert ours == sorted(zip(kept.get("rank"), np.round(kept.get("crowding"), 9)))

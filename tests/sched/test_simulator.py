@@ -211,13 +211,14 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
 
 def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):
     """Cluster mode's submit starts a round once the submission is recorded: the new job is `arrival_lag_s` old
-    then. Pollux, whose restart factor is 0 at age 0, starts it in that round, not in the next one."""
+    then. Pollux, whose restart factor is 0 at age 0, starts it in that round, not in the next one. (With the
+    elitist search: NSGA-II's second objective, the cluster utility, undiscounted, starts it at age 0 too.)"""
     from easyscale_ext.sched.policies.pollux import PolluxPolicy
 
     def start(lag):
         config = SimConfig(round_s=15.0, start_s=5.0, rounds_at_arrivals=True, arrival_lag_s=lag)
-        result = simulate([JobSpec("a", 3.0, 1, "bert", 12, epochs=1)], PolluxPolicy(0), Cluster.parse("1x4"), apps,
-                          config)
+        result = simulate([JobSpec("a", 3.0, 1, "bert", 12, epochs=1)], PolluxPolicy(0, search="elitist"),
+                          Cluster.parse("1x4"), apps, config)
         return result.jobs[0]["start"]
 
     assert start(0.0) == 18.0 and start(0.1) == pytest.approx(3.1)
