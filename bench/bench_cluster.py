@@ -159,6 +159,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
                        suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
                        start_weight=costs["start_weight"], rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
+                       completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
 

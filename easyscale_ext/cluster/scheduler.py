@@ -312,7 +312,8 @@ class Scheduler:
 
     def _loop(self) -> None:
         next_round = time.monotonic()
-        while True:  # a round when one is due or asked for; between rounds, each second, jobs that ended leave
+        while True:  # a round when one is due or asked for; between rounds, each second, jobs that ended leave (and
+            # their slots, come free, start a round: a job that finishes hands its slots on at once, not a round later)
             if self.wake.wait(min(max(next_round - time.monotonic(), 0.0), 1.0)) or time.monotonic() >= next_round:
                 self.wake.clear()
                 start = time.perf_counter()
@@ -326,7 +327,8 @@ class Scheduler:
             else:
                 try:
                     with self.lock:
-                        self._follow(time.time(), models=False)
+                        if self._follow(time.time(), models=False):
+                            self.wake.set()  # slots came free: decide now, not at the next round
                 except Exception:  # as a round's
                     log.exception("looking for jobs that ended failed")
             try:
@@ -391,9 +393,10 @@ class Scheduler:
             self._place(job["id"], [node_ids[i] for i in new])
             log.info("%s: %d slots on %s", job["id"], len(new), ", ".join(sorted({node_ids[i] for i in new})))
 
-    def _follow(self, now: float, models: bool = True) -> None:
+    def _follow(self, now: float, models: bool = True) -> bool:
         """Jobs that ended leave (their slots are free for the next round); with `models`, the others' models
-        follow what they measured."""
+        follow what they measured. Returns whether a job left its slots."""
+        left = False
         asked = {supervisor.status.remote(): job_id for job_id, supervisor in self.supervisors.items()}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)  # one still starting: next round
         for ref in answered:
@@ -403,10 +406,12 @@ class Scheduler:
             except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
                 self.supervisors.pop(job_id)
                 self._requeue_orphan(job_id)
+                left = True
                 for table in (self.followed, self.last_step, self.answers):
                     table.pop(job_id, None)
                 continue
             if state["done"] is not None:
+                left = True
                 ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
                 why = self.suspending.pop(job_id, "every process left (SIGTERM)")
                 if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
@@ -445,6 +450,7 @@ class Scheduler:
                 continue
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
             self.followed[job_id] = now
+        return left
 
     def _requeue_orphan(self, job_id: str) -> None:
         """A running job whose supervisor (the host of its store) is lost: its processes, which cannot go on

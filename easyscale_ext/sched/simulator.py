@@ -49,6 +49,8 @@ class SimConfig:
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
+    completion_poll_s: float = 0.0  # a job's end starts a round at the next look, every this many seconds, for ended
+    # jobs (cluster mode's scheduler looks each second, then decides at once); 0: jobs end into the next round
     arrival_lag_s: float = 0.0  # with rounds_at_arrivals: that round decides this long after the arrival (the
     # scheduler records the submission first), so the new job is that old to the policy (Pollux's restart factor
     # is 0 at age 0)
@@ -126,7 +128,10 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             step = config.round_s
             if config.rounds_at_arrivals and arrived < len(jobs):
                 step = min(step, jobs[arrived].arrival + lag - now)
-            _advance(running.values(), now, step, config.parallel_starts, config.start_weight)
+            if config.completion_poll_s:
+                step = _advance_to_a_completion(running.values(), now, step, config)
+            else:
+                _advance(running.values(), now, step, config.parallel_starts, config.start_weight)
             now += step
         while arrived < len(jobs) and jobs[arrived].arrival + lag <= now:
             job = jobs[arrived]
@@ -202,6 +207,19 @@ def _advance(jobs, now, seconds, parallel, weight=1.0):
         now, seconds = now + span, seconds - span
         if seconds <= 1e-9:
             return
+
+
+def _advance_to_a_completion(jobs, now, seconds, config):
+    """Let up to `seconds` pass, a poll (config.completion_poll_s) at a time, ending after the poll in which a job
+    completed; returns the seconds passed."""
+    passed = 0.0
+    while passed < seconds - 1e-9:
+        span = min(config.completion_poll_s, seconds - passed)
+        _advance(jobs, now + passed, span, config.parallel_starts, config.start_weight)
+        passed += span
+        if any(j.completion is not None for j in jobs):
+            break
+    return passed
 
 
 def validate(specs, policy, cluster, job_model="project", apps=None):

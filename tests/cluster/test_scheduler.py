@@ -94,6 +94,26 @@ def test_concurrent_submissions_share_no_slot_and_keep_their_bits(cluster, sched
         assert (tmp_path / f"hash{i}").read_text() == run_job("reference", n=n, steps=4)
 
 
+def test_a_job_that_ends_hands_its_slots_on_at_once_not_a_round_later(cluster, tmp_path):
+    """Rounds 10 minutes apart: the queued job (it needs 3 of the 4 slots, the first holds 2) starts because the
+    first one's end starts a round."""
+    actor = launch(str(tmp_path / "state"), "fifo", 600)
+    try:
+        for name, n, min_procs in (("a", 2, 2), ("b", 4, 3)):
+            ray.get(actor.submit.remote(job_argv(tmp_path / name, n), n, min_procs, n, name, ENV))
+        deadline = time.monotonic() + 180
+        jobs = ray.get(actor.status.remote())
+        while not all(j["state"] == "finished" for j in jobs):
+            assert time.monotonic() < deadline and all(j["state"] != "failed" for j in jobs), \
+                [{k: j[k] for k in ("name", "state", "note", "started", "finished")} for j in jobs]
+            time.sleep(0.5)
+            jobs = ray.get(actor.status.remote())
+        first, second = sorted(jobs, key=lambda j: j["name"])
+        assert 0 < second["started"] - first["finished"] < 5, (first, second)
+    finally:
+        ray.kill(actor)
+
+
 @pytest.mark.parametrize("argv,n,min_procs,message", [
     (["no/such/script.py"], 4, 1, "no training script at 'no/such/script.py'"),
     ([JOB], 8, 5, "needs at least 5 slots and the cluster has 4"),

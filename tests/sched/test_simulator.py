@@ -143,9 +143,10 @@ def test_per_type_batches_let_a_larger_gpu_run_fewer_accumulation_steps(apps):
     assert end("t4", per_type_batch=True) == end("t4")
 
 
-def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_can_start_rounds():
-    """Cluster mode's two timings, off by default: a job's processes exit after its last step (`exit_s`, it
-    keeps its GPUs meanwhile), and a submission starts a round at once (`rounds_at_arrivals`)."""
+def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_and_ends_can_start_rounds():
+    """Cluster mode's timings, off by default: a job's processes exit after its last step (`exit_s`, it keeps
+    its GPUs meanwhile), a submission starts a round at once (`rounds_at_arrivals`), and so does a job's end, at
+    the scheduler's next look for ended jobs (`completion_poll_s`)."""
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 1, 1, duration=100)]  # one GPU: b waits for a
 
     def run(**timing):
@@ -155,6 +156,8 @@ def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_can_start_rounds(
     assert run() == [(0, 100), (120, 220)]  # rounds at 0, 60, 120: b starts at the first after a's end
     assert run(exit_s=30) == [(0, 130), (180, 310)]  # a's GPU is free only at 130
     assert run(rounds_at_arrivals=True) == [(0, 100), (121, 221)]  # rounds at 0, 1 (b's arrival), 61, 121
+    assert run(completion_poll_s=1.0) == [(0, 100), (100, 200)]  # a round at a's end
+    assert run(completion_poll_s=1.0, exit_s=30.5) == [(0, 130.5), (131, 261.5)]  # at the look after its exit
 
 
 class GrowAt(Policy):
