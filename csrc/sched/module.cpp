@@ -44,12 +44,14 @@ std::vector<State> states_of(const Ints& states, const Problem& p) {
   expect_states(states, p);
   const int64_t size = p.jobs * p.nodes;
   std::vector<State> out;
-  for (py::ssize_t k = 0; k < states.shape(0); ++k) out.push_back(cells(states.data() + k * size, states.data() + (k + 1) * size));
+  for (py::ssize_t k = 0; k < states.shape(0); ++k)
+    out.push_back(cells(states.data() + k * size, states.data() + (k + 1) * size));
   return out;
 }
 
 Ints array_of(const std::vector<State>& states, const Problem& p) {
-  Ints out({static_cast<py::ssize_t>(states.size()), static_cast<py::ssize_t>(p.jobs), static_cast<py::ssize_t>(p.nodes)});
+  Ints out({static_cast<py::ssize_t>(states.size()), static_cast<py::ssize_t>(p.jobs),
+            static_cast<py::ssize_t>(p.nodes)});
   int64_t* data = out.mutable_data();
   for (const State& s : states) data = std::copy(s.begin(), s.end(), data);
   return out;
@@ -82,13 +84,16 @@ PYBIND11_MODULE(_search, m) {
                        const Doubles& factor, double p, double scale) {
              if (base.ndim() != 2 || speedup.ndim() != 3)
                throw std::invalid_argument("expected base (jobs, nodes) and speedup (jobs, nodes + 1, GPUs + 1)");
-             return Problem(base.shape(0), base.shape(1), speedup.shape(2), cells(base.data(), base.data() + base.size()), flat(capacity),
-                            flat(max_gpus), flat(speedup), flat(factor), p, scale);
+             return Problem(base.shape(0), base.shape(1), speedup.shape(2),
+                            cells(base.data(), base.data() + base.size()), flat(capacity), flat(max_gpus),
+                            flat(speedup), flat(factor), p, scale);
            }),
            py::arg("base"), py::arg("capacity"), py::arg("max_gpus"), py::arg("speedup"), py::arg("factor"),
            py::arg("p"), py::arg("scale"))
-      .def("objective", [](const Problem& p, const Ints& s) { return scores(p, s, [&](auto x) { return p.objective(x); }); })
-      .def("utility", [](const Problem& p, const Ints& s) { return scores(p, s, [&](auto x) { return p.utility(x); }); })
+      .def("objective",
+           [](const Problem& p, const Ints& s) { return scores(p, s, [&](auto x) { return p.objective(x); }); })
+      .def("utility",
+           [](const Problem& p, const Ints& s) { return scores(p, s, [&](auto x) { return p.utility(x); }); })
       .def("repair", [](const Problem& p, const Ints& s, uint64_t seed) {
         return each(p, s, seed, [&](Cell* x, Rng& rng) { p.repair(x, rng); });
       })

@@ -28,7 +28,8 @@ bool dominates(const Goals& f, const Goals& g) {
   return f[0] <= g[0] && f[1] <= g[1] && (f[0] < g[0] || f[1] < g[1]);
 }
 
-// Each entry cut so that the running total stays within `limit`, the excess taken off the end of `order`.
+// The cells at [first, last) (indices, through `at`) cut so that their running total stays within `limit`: the
+// excess comes off the last ones.
 template <typename At>
 void trim(const int64_t* first, const int64_t* last, int64_t limit, At at) {
   int64_t total = 0;
@@ -118,10 +119,14 @@ Rng::Rng(uint64_t seed) {
   for (auto& s : s_) s = splitmix64(seed);
 }
 
+void Rng::shuffle(int64_t* first, int64_t* last) {
+  for (int64_t i = last - first - 1; i > 0; --i) std::swap(first[i], first[below(i + 1)]);
+}
+
 std::vector<int64_t> Rng::permutation(int64_t n) {
   std::vector<int64_t> p(n);
   std::iota(p.begin(), p.end(), 0);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[below(i + 1)]);
+  shuffle(p.data(), p.data() + n);
   return p;
 }
 
@@ -166,7 +171,8 @@ Goals Problem::goals(const Cell* state) const {
   }
   int64_t gpus_in_use = 0;
   for (int64_t n = 0; n < N; ++n) gpus_in_use += in_use[n] ? capacity[n] : 0;
-  const double mean = p == -1.0 ? static_cast<double>(J) / power_sum : std::pow(power_sum / static_cast<double>(J), 1 / p);
+  const double mean =
+      p == -1.0 ? static_cast<double>(J) / power_sum : std::pow(power_sum / static_cast<double>(J), 1 / p);
   return {-mean, gpus_in_use > 0 ? -speedups / static_cast<double>(gpus_in_use) : 0.0};
 }
 
@@ -183,7 +189,7 @@ void Problem::repair(Cell* state, Rng& rng) const {
     // No job beyond its GPU limit: the excess comes off randomly ordered nodes.
     if (std::accumulate(row, row + N, int64_t{0}) > max_gpus[j]) {
       std::iota(order, order + N, 0);
-      for (int64_t k = N - 1; k > 0; --k) std::swap(order[k], order[rng.below(k + 1)]);
+      rng.shuffle(order, order + N);
       trim(order, order + N, max_gpus[j], [row](int64_t n) -> Cell& { return row[n]; });
     }
     for (int64_t n = 0; n < N; ++n) held[n] += row[n];
@@ -213,8 +219,8 @@ void Problem::mutate(Cell* state, Rng& rng) const {
   // p_all + p_own - p_all * p_own, that is when either of two independent draws hits; the p_all hits are drawn as
   // the gaps between them (geometric), a few draws per node rather than one per job. Growth into full nodes would
   // only be undone by the repair. Decided on the state before any growth: a cell's growth changes only that cell.
-  Scratch<int64_t> scratch(2 * N), grown(2 * J);  // per node: GPUs held, jobs there; on a node, the jobs that grow
-  // (a job may be drawn by both draws)
+  // Per node: GPUs held, jobs there; then, on a node with room, the jobs that grow (a job may hit twice).
+  Scratch<int64_t> scratch(2 * N), grown(2 * J);
   int64_t *held = scratch.data(), *owners = held + N, count = 0;
   for (int64_t j = 0; j < J; ++j)
     for (int64_t n = 0; n < N; ++n) {
@@ -398,7 +404,7 @@ Survival rank_and_crowding(const std::vector<Goals>& goals, int64_t survivors, R
     crowd(goals, front, out.crowding);
     ranked += static_cast<int64_t>(front.size());
     if (ranked > survivors) {  // the last front: the least crowded first, equal distances in random order
-      for (int64_t k = static_cast<int64_t>(front.size()) - 1; k > 0; --k) std::swap(front[k], front[rng.below(k + 1)]);
+      rng.shuffle(front.data(), front.data() + front.size());
       std::stable_sort(front.begin(), front.end(),
                        [&](int64_t a, int64_t b) { return out.crowding[a] > out.crowding[b]; });
       front.resize(front.size() - (ranked - survivors));

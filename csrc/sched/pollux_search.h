@@ -32,6 +32,7 @@ class Rng {
   int64_t below(int64_t n) {  // [0, n)
     return std::min(static_cast<int64_t>(uniform() * static_cast<double>(n)), n - 1);
   }
+  void shuffle(int64_t* first, int64_t* last);  // Fisher-Yates
   std::vector<int64_t> permutation(int64_t n);
 
  private:
