@@ -11,11 +11,12 @@ job's first start (allocation to its first step), the in-place pause of a scale 
 a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to its processes'
 exit: it holds its slots until then), a suspension (the decision to the slots given back) and a resume (allocation
 to the first step after it), how many processes start at full speed at once (more share this machine's cores:
-SimConfig.parallel_starts, a start of n processes weighing n ** start_weight, both fitted with each start's
-full-speed cost), and the scheduler's lag from a submission to its round's decision (SimConfig.arrival_lag_s);
-each job's length (its steps as a share of the application's epoch) is the simulator's slowdown, and a round
-starts at each arrival, as the scheduler does on a submission. Both drivers run the policy as it is, held to each
-job's limits (policies.limits: a job keeps its batch; preemptions are suspensions).
+SimConfig.parallel_starts, a start of n processes weighing n ** start_weight and a process training beside it
+training_weight, all fitted with each start's full-speed cost), and the scheduler's lag from a submission to its
+round's decision (SimConfig.arrival_lag_s); each job's length (its steps as a share of the application's epoch) is
+the simulator's slowdown, and a round starts at each arrival and at each job's end, as the scheduler does. Both
+drivers run the policy as it is, held to each job's limits (policies.limits: a job keeps its batch; preemptions are
+suspensions).
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
@@ -24,6 +25,7 @@ job's limits (policies.limits: a job keeps its batch; preemptions are suspension
 """
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -40,6 +42,7 @@ VIRTUAL_WORKERS, SLOTS = 4, 4
 CLUSTER = ",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES))  # as `easyscale simulate --cluster`, in the scheduler's
 # node order (scheduler.policy_view: by type)
 COSTS = ("start", "pause", "join", "exit", "suspend", "resume", "lag")  # measured: (processes, seconds, when) each
+TRAINING = "train"  # also measured: (processes, seconds, when) of each stretch a job trained at one size
 STARTS = ("start", "resume", "join")  # the costs that start processes: they share this machine's cores
 
 
@@ -83,7 +86,7 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
         with open(os.path.join(job["log_dir"], "w0.log")) as f:
             digests.update(line.split()[-1] for line in f if "sha256" in line)
     ray.kill(scheduler)
-    costs = {c: [] for c in COSTS}
+    costs = {c: [] for c in (*COSTS, TRAINING)}
     t0 = min(j["submitted"] for j in jobs)
     records = {r["name"]: r for r in result.jobs}
     for i, job in enumerate(jobs):
@@ -94,6 +97,9 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
         if held[0][0] - job["submitted"] < 1.0:  # given slots in its own arrival's round: the scheduler's lag
             costs["lag"].append((0, held[0][0] - job["submitted"], job["submitted"]))
         costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3], rows[-1][3]))
+        for size, stretch in itertools.groupby(rows, key=lambda r: r[1]):
+            stretch = list(stretch)
+            costs[TRAINING].append((size, stretch[-1][3] - stretch[0][2], stretch[0][2]))
         usual = statistics.median(b[2] - a[3] for a, b in zip(rows, rows[1:]) if a[1] == b[1])
         costs["pause"] += [(0, b[2] - a[3] - usual, a[3]) for a, b in zip(rows, rows[1:])
                            if a[1] != b[1] and b[2] - a[3] < 5]
@@ -112,16 +118,23 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
 
 def calibrated(measured) -> dict:
     """The simulator's costs from the calibration's events. Processes that start at once (first starts, resumes,
-    joiners) share this machine (SimConfig.parallel_starts, start_weight): a start of n processes weighs n ** weight,
-    each start's share is the weight starting with it, averaged over its duration (its own included); the weight and
-    `parallel_starts` are those that fit the starts best (least squares of the log), each kind of start costing its
-    median at full speed; the other costs are medians."""
+    joiners) share this machine with each other and with the processes training beside them
+    (SimConfig.parallel_starts, start_weight, training_weight): a start of n processes weighs n ** start_weight, a
+    training process training_weight; each start's load is the weight starting or training beside it, averaged
+    over its duration (its own included); the weights and `parallel_starts` are those that fit the starts best
+    (least squares of the log), each kind of start costing its median at full speed; the other costs are
+    medians."""
     import numpy as np
 
     starts = [(kind, n, s, at) for kind in STARTS for n, s, at in measured[kind] if s > 0]
+    training = measured.get(TRAINING, [])
 
-    def sharing(weight):  # each start's (kind, seconds, weight starting on average over its span)
-        return [(kind, s, sum(m ** weight * max(min(at + s, a + t) - max(at, a), 0.0) for _, m, t, a in starts) / s)
+    def overlap(at, s, a, t):
+        return max(min(at + s, a + t) - max(at, a), 0.0)
+
+    def load(weight, beside):  # each start's (kind, seconds, load on average over its span)
+        return [(kind, s, (sum(m ** weight * overlap(at, s, a, t) for _, m, t, a in starts)
+                           + beside * sum(m * overlap(at, s, a, t) for m, t, a in training)) / s)
                 for kind, _, s, at in starts]
 
     def fit(shared, parallel):
@@ -130,13 +143,15 @@ def calibrated(measured) -> dict:
         error = sum((np.log(s) - np.log(max(full[c] * max(1.0, k / parallel), 1e-3))) ** 2 for c, s, k in shared)
         return error, full, parallel
 
-    costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()}
+    costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()
+             if c in COSTS}
     if not starts:
-        return dict(costs, parallel_starts=0.0, start_weight=1.0)
-    fits = [(fit(shared, p), w) for w in np.arange(0.0, 1.05, 0.05) for shared in [sharing(w)]
-            for p in np.arange(1.0, 16.25, 0.25)]
-    (_, full, parallel), weight = min(fits, key=lambda f: f[0][0])
-    return dict(costs, **full, parallel_starts=float(parallel), start_weight=round(float(weight), 2))
+        return dict(costs, parallel_starts=0.0, start_weight=1.0, training_weight=0.0)
+    fits = [(fit(shared, p), w, b) for w in np.arange(0.0, 1.05, 0.05) for b in np.arange(0.0, 1.05, 0.1)
+            for shared in [load(w, b)] for p in np.arange(1.0, 16.25, 0.25)]
+    (_, full, parallel), weight, beside = min(fits, key=lambda f: f[0][0])
+    return dict(costs, **full, parallel_starts=float(parallel), start_weight=round(float(weight), 2),
+                training_weight=round(float(beside), 2))
 
 
 def simulate_run(policy, result, steps, scale, round_s, costs):
@@ -158,7 +173,8 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
                        suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
-                       start_weight=costs["start_weight"], rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
+                       start_weight=costs["start_weight"], training_weight=costs["training_weight"],
+                       rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
                        completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
@@ -215,16 +231,16 @@ def main():
         with kept as work:
             if args.costs and os.path.exists(args.costs):
                 with open(args.costs) as f:
-                    measured = {c: [] for c in COSTS}  # kinds added since the file was written: none measured
+                    measured = {c: [] for c in (*COSTS, TRAINING)}  # kinds added since it was written: none
                     measured.update((c, [tuple(e) for e in v]) for c, v in json.load(f).items())
             else:
-                measured = {c: [] for c in COSTS}
+                measured = {c: [] for c in (*COSTS, TRAINING)}
                 for policy in args.calibration_policies.split(","):
                     *_, hashes, events = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
                                                       os.path.join(work, "calibration"),
                                                       suspend_all_at=args.gap * args.jobs / 2)
                     digests |= hashes
-                    for c in COSTS:
+                    for c in measured:
                         measured[c] += events[c]
                 if args.costs:
                     with open(args.costs, "w") as f:
@@ -259,7 +275,8 @@ def main():
     print("Calibration runs (" + args.calibration_policies + ", every slot reserved for 5 s halfway): medians, s: "
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
           + f" (start, resume and join at full speed); {costs['parallel_starts']:g} processes starting at once go at "
-          f"full speed, more share the machine, a start of n processes weighing n^{costs['start_weight']:g}\n")
+          f"full speed, more share the machine, a start of n processes weighing n^{costs['start_weight']:g} and "
+          f"a process training beside them {costs['training_weight']:g}\n")
     if args.runs == 0:  # a calibration alone (into --costs)
         return
     print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")

@@ -46,6 +46,7 @@ class SimConfig:
     # one machine: every process that starts (imports torch, builds its job) shares its few cores
     start_weight: float = 1.0  # a start of n processes weighs n ** start_weight processes in that count: a job's
     # processes start side by side, partly waiting rather than computing (cluster mode's calibration fits it)
+    training_weight: float = 0.0  # and each process training beside the starts weighs this much (it computes too)
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
     # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
@@ -131,7 +132,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             if config.completion_poll_s:
                 step = _advance_to_a_completion(running.values(), now, step, config)
             else:
-                _advance(running.values(), now, step, config.parallel_starts, config.start_weight)
+                _advance(running.values(), now, step, config)
             now += step
         while arrived < len(jobs) and jobs[arrived].arrival + lag <= now:
             job = jobs[arrived]
@@ -194,12 +195,16 @@ def job_maker(config):
     return lambda spec, apps, batch: EasyScaleJob(spec, apps[spec.app], apps.data, config.easyscale_speed)
 
 
-def _advance(jobs, now, seconds, parallel, weight=1.0):
-    """Let `seconds` pass for the jobs holding GPUs. With `parallel`, k > that processes starting at once (a start of
-    n counting n ** weight) share the machine, each start at parallel / k of its speed; the share changes only where
-    a start ends, so the span is cut there."""
+def _advance(jobs, now, seconds, config):
+    """Let `seconds` pass for the jobs holding GPUs. With `config.parallel_starts`, k > that processes starting at
+    once (a start of n counting n ** start_weight, each training process training_weight) share the machine, each
+    start at parallel_starts / k of its speed; the share changes only where a start ends, so the span is cut
+    there."""
+    parallel, weight = config.parallel_starts, config.start_weight
     while True:
         starting = sum(j.processes_starting ** weight for j in jobs if j.processes_starting) if parallel else 0
+        if starting:
+            starting += config.training_weight * sum(j.processes_training for j in jobs)
         rate = min(1.0, parallel / starting) if starting else 1.0
         span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.processes_starting])
         for job in jobs:
@@ -215,7 +220,7 @@ def _advance_to_a_completion(jobs, now, seconds, config):
     passed = 0.0
     while passed < seconds - 1e-9:
         span = min(config.completion_poll_s, seconds - passed)
-        _advance(jobs, now + passed, span, config.parallel_starts, config.start_weight)
+        _advance(jobs, now + passed, span, config)
         passed += span
         if any(j.completion is not None for j in jobs):
             break

@@ -229,16 +229,20 @@ def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):
 
 def test_processes_starting_beyond_parallel_starts_share_the_machine():
     """`parallel_starts`: k > that processes starting at once (first starts, resumes, joiners preparing) share the
-    machine, each start at parallel_starts / k of its speed, until one ends (cluster mode on one machine)."""
+    machine, each start at parallel_starts / k of its speed, until one ends (cluster mode on one machine); with
+    `training_weight`, a process training beside them counts that much."""
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 5, 1, duration=100), JobSpec("c", 5, 2, duration=100)]
 
-    def run(parallel, *specs, weight=1.0):
-        config = SimConfig(start_s=10, rounds_at_arrivals=True, parallel_starts=parallel, start_weight=weight)
+    def run(parallel, *specs, weight=1.0, training=0.0):
+        config = SimConfig(start_s=10, rounds_at_arrivals=True, parallel_starts=parallel, start_weight=weight,
+                           training_weight=training)
         return {j["name"]: j["completion"] for j in simulate(list(specs), FifoPolicy(), Cluster.parse("1x4"), None,
                                                               config).jobs}
 
     assert run(0, *jobs) == {"a": 110, "b": 115, "c": 115}  # no limit: 10 s each
     assert run(1, *jobs[:2]) == {"a": 115, "b": 120}  # a alone 5 s, then both at half speed: a ends at 15, b at 20
+    # then a trains, weighing 0.5 beside b's start: b's last 5 s at 2/3 speed, to 22.5
+    assert run(1, *jobs[:2], training=0.5) == {"a": 115, "b": 122.5}
     # a alone for 5 s; then 4 processes (c starts 2) at half speed: a's 5 s left take 10 (to 15); then b and c's
     # 3 processes, 5 s left, at 2/3 speed: to 22.5
     assert run(2, *jobs) == {"a": 115, "b": 122.5, "c": 122.5}

@@ -56,6 +56,13 @@ class Job:
         return self.num_gpus if self.delay_starts and self.delay_left > 0 else 0
 
     @property
+    def processes_training(self) -> int:
+        """The processes it trains with now: none while it starts, pauses or exits, or has no GPUs."""
+        if self.completion is not None or self.exit_left is not None or (self.delay_left > 0 and self.joining is None):
+            return 0
+        return self.num_gpus
+
+    @property
     def start_left(self) -> float:
         """Seconds of that start still to pass at full speed."""
         return self.joining[2] if self.joining is not None else self.delay_left
