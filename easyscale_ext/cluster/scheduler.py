@@ -291,7 +291,7 @@ class Scheduler:
         self.placing[self.supervisors[job_id].place.remote(nodes, types)] = (job_id, first)  # not awaited
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
-            self.models[job_id].allocate(self._groups(nodes), 0.0)
+            live.place(self.models[job_id], self._groups(nodes))
 
     def _suspend(self, job_id: str, why: str) -> None:
         """The job leaves every slot at its next step boundary, saving a checkpoint, and waits in the queue. Until
@@ -373,7 +373,7 @@ class Scheduler:
                                                         job["batch_size"], self.policy,
                                                         heterogeneous=determinism.ISA_ENV in job["env"])
                 if job["nodes"]:  # a job taken back after a restart
-                    self.models[job["id"]].allocate(self._groups(job["nodes"]), 0.0)
+                    live.place(self.models[job["id"]], self._groups(job["nodes"]))
             self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])
         allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in active if j["nodes"]}
         decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)
@@ -431,7 +431,7 @@ class Scheduler:
                 continue
             progress, model = state["progress"], self.models.get(job_id)
             following = model is not None and models
-            done = step_s = None
+            done = step_s = held = None
             if following and progress:
                 done = progress["step"] / progress["total"] if progress.get("total") else None
                 # A speed is the model's only if measured on the slots its model holds, all along: not while
@@ -448,7 +448,7 @@ class Scheduler:
                 self.answers[job_id] = state
             if not following:
                 continue
-            live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s)
+            live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s, runs=bool(held))
             self.followed[job_id] = now
         return left
 

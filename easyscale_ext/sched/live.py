@@ -3,9 +3,11 @@
 The scheduler keeps, for each job of the cluster, the job model a simulation of it would use (models.job),
 and before each round brings it to what the real job did: time passes for it as in the simulator (its
 GPU-seconds of service, its agent's observations on the profiles), then its progress becomes the real job's
-share of steps done, and the ratio of its measured step time to the modelled one becomes its slowdown. So a
-policy reads the same models, with the same fields, in both drivers.
+share of steps done, and the ratio of its measured step time to the modelled one becomes its slowdown. A job
+given slots is reallocating (its processes start, or its joiners prepare) until the real job runs on them, as a
+simulated one is for its modelled start. So a policy reads the same models, with the same fields, in both drivers.
 """
+import math
 from typing import Optional
 
 from .models.job import AppJob, TraceJob, make_job
@@ -35,10 +37,20 @@ def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, a
     return job
 
 
-def follow(job, now: float, seconds: float, done: Optional[float] = None, step_s: Optional[float] = None) -> None:
+def place(job, groups: dict) -> None:
+    """The job was given `groups` ({type: slots per node}); it is reallocating until `follow` says it runs on
+    them: a real start has no modelled length."""
+    job.allocate(groups, math.inf if groups else 0.0)
+
+
+def follow(job, now: float, seconds: float, done: Optional[float] = None, step_s: Optional[float] = None,
+           runs: bool = False) -> None:
     """Let `seconds` pass for `job` up to `now`, then set what was measured: `done`, the share of its steps
-    the real job has run, and `step_s`, its seconds per step on its current slots."""
+    the real job has run, `step_s`, its seconds per step on its current slots, and `runs`, whether it trains on
+    every one of them (its start or its joiners' preparation is over)."""
     job.advance(now - seconds, seconds)
+    if runs:
+        job.delay_left = 0.0
     job.completion = None  # the real job says when it ends
     if not isinstance(job, AppJob):
         return

@@ -369,6 +369,25 @@ class Newest(Policy):
         return {list(jobs)[-1].name: (0,) * cluster.gpus[0]}
 
 
+class Hopper(Policy):
+    """Moves its one job to the other node whenever the job is not reallocating; writes what it saw each round."""
+    name = "hopper"
+
+    def __init__(self, seen):
+        self.seen = str(seen)
+
+    def optimize(self, now, jobs, cluster, allocations):
+        if not jobs:
+            return {}
+        job = jobs[0]
+        held = allocations.get(job.name)
+        with open(self.seen, "a") as f:
+            f.write(f"{int(job.reallocating)} {held[0] if held else -1}\n")
+        if held and job.reallocating:
+            return {job.name: held}
+        return {job.name: (1 - held[0],) if held else (0,)}
+
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the scheduler's process cannot import tests
 
 
@@ -400,6 +419,30 @@ def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says
         assert (tmp_path / "new").read_text() == run_job("reference", n=2, steps=4)
     finally:
         stop(scheduler)
+
+
+def test_a_job_is_reallocating_until_the_real_job_runs_on_its_slots(cluster, tmp_path):
+    """The policy sees a job given slots as reallocating until its processes train there, as the simulation models
+    a start (Sia keeps such a job's configuration): a policy that moves every job it may moves this one only
+    after its first start and after each move has completed, and it ends with its fixed-size bits."""
+    seen = tmp_path / "seen"
+    scheduler = launch(str(tmp_path / "state"), Hopper(seen), 0.5)
+    try:
+        job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "out", 2, steps=6), 2, 1, 1, "hop", ENV))
+        deadline = time.monotonic() + 180
+        while ray.get(scheduler.status.remote(job))[0]["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, ray.get(scheduler.status.remote(job))
+            time.sleep(0.5)
+        assert ray.get(scheduler.status.remote(job))[0]["state"] == "finished"
+    finally:
+        ray.kill(scheduler)
+    rounds = [tuple(map(int, line.split())) for line in seen.read_text().splitlines()]
+    moves = [i for i, (a, b) in enumerate(zip(rounds, rounds[1:])) if a[1] >= 0 and b[1] != a[1]]
+    # Its start and each move take seconds (processes import torch), rounds 0.5 s: many rounds see it reallocating,
+    # and each move comes after a round that saw it settled on the slot it left.
+    assert moves and all(rounds[i][0] == 0 for i in moves), rounds
+    assert sum(r[0] for r in rounds) >= 3 * len(moves), rounds
+    assert (tmp_path / "out").read_text() == run_job("reference", n=2, steps=6)
 
 
 SLOW_ELASTIC = """

@@ -228,3 +228,14 @@ def test_sias_jobs_tune_their_batch_with_a_model_of_the_type_they_run_on(apps):
     aware.iteration_time()
     assert set(aware.observed_on) == {"t4", "a100"} and aware.perf == aware._fit(aware.observed_on["a100"])
     assert len(aware.observed) == len(aware.observed_on["t4"] | aware.observed_on["a100"])
+
+
+def test_a_job_whose_joiners_prepare_keeps_its_configuration(apps):
+    """Like a job still restarting, a job moving in place (its joiners preparing) is left be until it runs there:
+    a round in between would undo the move it waits for. Once settled, the faster type takes it."""
+    job = running(apps, "a", 2, "t4")
+    policy = SiaPolicy()
+    held = {"a": (0, 0)}  # HETERO's node 0: the t4 node
+    assert not job.reallocating and policy.optimize(600, [job], HETERO, held)["a"] != held["a"]
+    job.allocate_after({"t4": (2,)}, 0.07, 10.0)
+    assert job.reallocating and policy.optimize(600, [job], HETERO, held) == held

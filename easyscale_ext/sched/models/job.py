@@ -63,6 +63,12 @@ class Job:
         return self.num_gpus
 
     @property
+    def reallocating(self) -> bool:
+        """Its processes are (re)starting or its joiners preparing: a policy that leaves such a job be waits until
+        it runs on what it was given (in cluster mode, until the real job does: sched.live)."""
+        return self.delay_left > 0 or self.joining is not None
+
+    @property
     def start_left(self) -> float:
         """Seconds of that start still to pass at full speed."""
         return self.joining[2] if self.joining is not None else self.delay_left

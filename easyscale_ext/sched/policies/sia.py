@@ -15,10 +15,10 @@ value^p <= 1, convex in the value so that starving a job costs more than slowing
 costs lambda_n = 1.1 more than any allocation (so every job runs while GPUs last), and a change of allocation
 lambda_a = 0.01 more. The integer program (HiGHS, scipy.optimize.milp) picks at most one configuration per job, within
 each type's GPU count, at least cost; above 10,000 configurations (hundreds of jobs) it keeps the choices of its LP
-relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs still restarting keep their
-configuration. Each type's jobs are then
-placed on its nodes, largest first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node
-goes to the fullest node that holds it.
+relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs still restarting (or whose
+joiners still prepare) keep their configuration. Each type's jobs are then placed on its nodes, largest
+first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node goes to the fullest node
+that holds it.
 """
 from functools import lru_cache
 
@@ -88,7 +88,7 @@ class SiaPolicy(Policy):
                 cost = self._cost(value)
                 options.append((j, config))
                 costs.append(cost + (self.lambda_a if change else 0.0))
-                forced.append(config == current and job.delay_left > 0)  # no reallocation mid-restart
+                forced.append(config == current and job.reallocating)  # no reallocation mid-restart or mid-join
         chosen = self._solve(len(jobs), options, np.array(costs), np.array(forced), cluster.room(cluster.gpus))
         return self._place({jobs[j].name: config for j, config in chosen}, allocations, cluster)
 
