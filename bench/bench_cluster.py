@@ -16,7 +16,8 @@ training_weight, all fitted with each start's full-speed cost), and the schedule
 round's decision (SimConfig.arrival_lag_s); each job's length (its steps as a share of the application's epoch) is
 the simulator's slowdown, and a round starts at each arrival and at each job's end, as the scheduler does. Both
 drivers run the policy as it is, held to each job's limits (policies.limits: a job keeps its batch; preemptions are
-suspensions).
+suspensions), and move every job in place, as the cluster does whatever the policy's own runtime (a restart-based
+policy's job moves there by joiners and leavers, not by a restart).
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
@@ -175,6 +176,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
                        suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
                        start_weight=costs["start_weight"], training_weight=costs["training_weight"],
                        rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
+                       in_place="on",  # the cluster moves every job in place, whatever its policy's own runtime
                        completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)

@@ -13,6 +13,7 @@ artifact's job model (simulator.SIA) and under that with 30 s restarts, against 
   python bench/bench_sched.py --seeds 0 --workloads 6 --philly 10000
   python bench/bench_sched.py --load 2.0 --seeds 0 --philly     # twice the load (workloads-2.0/), no trace
   taskset -c 1 python bench/bench_sched.py --timing   # about 30 min
+  taskset -c 1 python bench/bench_sched.py --timing --policies pollux   # Pollux's search against its 60 s goal
   python bench/bench_sched.py --sia --seeds 0          # about 8 min
   python bench/bench_sched.py --workloads 2 --seeds 0 --philly --search elitist [--size 64x24]  # the fast search
 """
@@ -156,15 +157,15 @@ def speed_table(rows):
                   f"avg JCT {r['avg_jct']:.0f} s")
 
 
-def timing(data):
-    """CPU seconds of every policy on every shipped workload it can run, one after the other; a table of the
-    most and the mean per workload family."""
+def timing(data, policies):
+    """CPU seconds of each of `policies` on every shipped workload it can run, one after the other; a table of
+    the most and the mean per workload family."""
     seconds = {}
     for family, (paths, spec) in SHIPPED.items():
         cluster = Cluster.parse(spec)
         for path in paths:
             specs = unique_names(with_stand_ins(load_workload(data / path), STAND_INS)[0])[0]
-            for name, make in POLICIES.items():
+            for name, make in ((p, POLICIES[p]) for p in policies):
                 try:
                     validate(specs, make(0), cluster)
                 except ValueError:
@@ -176,7 +177,7 @@ def timing(data):
     print("\nCPU seconds per run, most [mean] over each family's workloads (one core)\n")
     print("| policy | " + " | ".join(f"{f} ({len(SHIPPED[f][0])}, {SHIPPED[f][1]})" for f in SHIPPED) + " |")
     print("|---|" + "---:|" * len(SHIPPED))
-    for name in POLICIES:
+    for name in policies:
         print(f"| {name} | " + " | ".join(f"{max(v):.1f} [{np.mean(v):.1f}]" if (v := seconds.get((name, f))) else "-"
                                           for f in SHIPPED) + " |")
 
@@ -192,6 +193,7 @@ def main():
                         help="Philly-trace job counts to time (none: skip)")
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="with --timing: the policies to time")
     parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
     parser.add_argument("--search", default="nsga2", choices=SEARCHES,
                         help="Pollux's search: the artifact's NSGA-II (default) or the elitist one")
@@ -202,7 +204,10 @@ def main():
     search = (args.search, *((int(x) for x in args.size.split("x")) if args.size else (None, None)))
     job = functools.partial(run, search=search)
     if args.timing:
-        return timing(data)
+        unknown = sorted(set(args.policies.split(",")) - set(POLICIES))
+        if unknown:
+            parser.error(f"unknown policies {unknown}: choose among {', '.join(POLICIES)}")
+        return timing(data, args.policies.split(","))
     if args.sia:
         tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in SIA_MODELS
                  for s in (args.seeds if p == "pollux" else [0])]
