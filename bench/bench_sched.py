@@ -165,7 +165,8 @@ def timing(data, policies):
         cluster = Cluster.parse(spec)
         for path in paths:
             specs = unique_names(with_stand_ins(load_workload(data / path), STAND_INS)[0])[0]
-            for name, make in ((p, POLICIES[p]) for p in policies):
+            for name in policies:
+                make = POLICIES[name]
                 try:
                     validate(specs, make(0), cluster)
                 except ValueError:
@@ -204,10 +205,11 @@ def main():
     search = (args.search, *((int(x) for x in args.size.split("x")) if args.size else (None, None)))
     job = functools.partial(run, search=search)
     if args.timing:
-        unknown = sorted(set(args.policies.split(",")) - set(POLICIES))
+        policies = args.policies.split(",")
+        unknown = sorted(set(policies) - set(POLICIES))
         if unknown:
             parser.error(f"unknown policies {unknown}: choose among {', '.join(POLICIES)}")
-        return timing(data, args.policies.split(","))
+        return timing(data, policies)
     if args.sia:
         tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in SIA_MODELS
                  for s in (args.seeds if p == "pollux" else [0])]
