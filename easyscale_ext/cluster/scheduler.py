@@ -485,9 +485,10 @@ class Scheduler:
 
     def _fit(self, active: List[dict], capacity: Dict[str, int]) -> None:
         """Cut the jobs' slots to what the nodes have: a node lost (its processes are gone with it; the
-        others recover in place) takes all of its slots; the earliest jobs keep theirs first."""
+        others recover in place) takes all of its slots; the earliest jobs keep theirs first. A suspending job
+        keeps its slots until it has left them (its reserved ones too): the job table says what it holds."""
         held = Counter()
-        for job in active:
+        for job in (j for j in active if j["id"] not in self.suspending):
             keep = []
             for n in job["nodes"]:
                 if held[n] < capacity.get(n, 0):
