@@ -50,7 +50,8 @@ STARTS = ("start", "resume", "join")  # the costs that start processes: they sha
 def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None):
     """Submit `trace` ((seconds after start, app) pairs) to a fresh scheduler; with `suspend_all_at` (seconds),
     reserve every slot then (suspending every running job) and give them back 5 s later. Returns the run's
-    result (as the simulator reports one), round times, final hashes and the costs it measured."""
+    result (as the simulator reports one), round times, final hashes and when it reserved every slot (None if it
+    did not); its folder in `work` (POLICY/) keeps its job table and step logs (measure)."""
     import ray
 
     from easyscale_ext.cluster.scheduler import launch
@@ -87,17 +88,30 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
         with open(os.path.join(job["log_dir"], "w0.log")) as f:
             digests.update(line.split()[-1] for line in f if "sha256" in line)
     ray.kill(scheduler)
+    return result, rounds, digests, reserved
+
+
+def measure(folder, reserved=None) -> dict:
+    """The costs (COSTS and TRAINING: (processes, seconds, when) each) that a run measured, from what it left in
+    `folder`: its job table (state/jobs.sqlite) and each job's step log (rows `step processes start end`).
+    `reserved`: when every slot was reserved (its suspensions are timed from then)."""
+    from easyscale_ext.cluster.jobtable import JobTable
+    from easyscale_ext.cluster.report import run_result
+
+    table = JobTable(os.path.join(folder, "state", "jobs.sqlite"), read_only=True)
+    jobs, timeline = table.list(), table.allocations()
+    result = run_result(jobs, timeline, "", "", 0.0)
     costs = {c: [] for c in (*COSTS, TRAINING)}
     t0 = min(j["submitted"] for j in jobs)
     records = {r["name"]: r for r in result.jobs}
-    for i, job in enumerate(jobs):
-        with open(os.path.join(work, policy, f"steps{i}.log")) as f:
+    for i, job in enumerate(jobs):  # in submission order, as the trace's step logs
+        with open(os.path.join(folder, f"steps{i}.log")) as f:
             rows = [tuple(map(float, line.split())) for line in f]
         held = sorted((s + t0, e + t0, n) for (name, s, e, n) in result.segments if name == job["id"])
         costs["start"].append((held[0][2], rows[0][2] - held[0][0], held[0][0]))
         if held[0][0] - job["submitted"] < 1.0:  # given slots in its own arrival's round: the scheduler's lag
             costs["lag"].append((0, held[0][0] - job["submitted"], job["submitted"]))
-        costs["exit"].append((0, records[job["id"]]["completion"] + t0 - rows[-1][3], rows[-1][3]))
+        costs["exit"].append((rows[-1][1], records[job["id"]]["completion"] + t0 - rows[-1][3], rows[-1][3]))
         for size, stretch in itertools.groupby(rows, key=lambda r: r[1]):
             stretch = list(stretch)
             costs[TRAINING].append((size, stretch[-1][3] - stretch[0][2], stretch[0][2]))
@@ -108,13 +122,14 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
             first = next((r for r in rows if r[2] >= at), None)
             if at - end > 0.5 and first:  # it held nothing between: a suspension, then a resume
                 costs["resume"].append((after, first[2] - at, at))
-                if reserved is not None and end > reserved:
-                    costs["suspend"].append((0, end - reserved, reserved))
+                if reserved is not None and end > reserved:  # left its slots when the table last said it held none
+                    left = max(t for t, name, nodes in timeline if name == job["id"] and not nodes and end <= t < at)
+                    costs["suspend"].append((before, left - reserved, reserved))
             elif after > before:  # a growth in place: from the allocation to the joiners' admission
                 grown = next((k for k, r in enumerate(rows) if r[1] == after and r[2] >= at), None)
                 if grown:
                     costs["join"].append((after - before, rows[grown - 1][3] - at, at))
-    return result, rounds, digests, costs
+    return costs
 
 
 def calibrated(measured) -> dict:
@@ -123,8 +138,8 @@ def calibrated(measured) -> dict:
     (SimConfig.parallel_starts, start_weight, training_weight): a start of n processes weighs n ** start_weight, a
     training process training_weight; each start's load is the weight starting or training beside it, averaged
     over its duration (its own included); the weights and `parallel_starts` are those that fit the starts best
-    (least squares of the log), each kind of start costing its median at full speed; the other costs are
-    medians."""
+    (least squares of the log), each kind of start costing its median at full speed. An exit's cost grows with
+    the processes that exit (exit_weight, fitted alike); the other costs are medians."""
     import numpy as np
 
     starts = [(kind, n, s, at) for kind in STARTS for n, s, at in measured[kind] if s > 0]
@@ -146,6 +161,13 @@ def calibrated(measured) -> dict:
 
     costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()
              if c in COSTS}
+    exits = [(max(n, 1), s) for n, s, _ in measured["exit"] if s > 0]  # n = 0: a cost file from before n was kept
+    if exits:  # an exit of n processes takes exit * n ** exit_weight, the pair that fits the exits best (log)
+        costs["exit"], costs["exit_weight"] = min(
+            ((one, round(float(w), 2)) for w in np.arange(0.0, 1.05, 0.05)
+             for one in [statistics.median(s / n ** w for n, s in exits)]),
+            key=lambda f: sum((np.log(s) - np.log(f[0] * n ** f[1])) ** 2 for n, s in exits))
+    costs.setdefault("exit_weight", 0.0)
     if not starts:
         return dict(costs, parallel_starts=0.0, start_weight=1.0, training_weight=0.0)
     fits = [(fit(shared, p), w, b) for w in np.arange(0.0, 1.05, 0.05) for b in np.arange(0.0, 1.05, 0.1)
@@ -172,8 +194,8 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
-                       in_place_s=costs["pause"], exit_s=costs["exit"], join_s=costs["join"],
-                       suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
+                       in_place_s=costs["pause"], exit_s=costs["exit"], exit_weight=costs["exit_weight"],
+                       join_s=costs["join"], suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
                        start_weight=costs["start_weight"], training_weight=costs["training_weight"],
                        rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
                        in_place="on",  # the cluster moves every job in place, whatever its policy's own runtime
@@ -233,17 +255,26 @@ def main():
         with kept as work:
             if args.costs and os.path.exists(args.costs):
                 with open(args.costs) as f:
-                    measured = {c: [] for c in (*COSTS, TRAINING)}  # kinds added since it was written: none
+                    measured = {c: [] for c in (*COSTS, TRAINING)}
                     measured.update((c, [tuple(e) for e in v]) for c, v in json.load(f).items())
             else:
                 measured = {c: [] for c in (*COSTS, TRAINING)}
                 for policy in args.calibration_policies.split(","):
-                    *_, hashes, events = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
-                                                      os.path.join(work, "calibration"),
-                                                      suspend_all_at=args.gap * args.jobs / 2)
-                    digests |= hashes
-                    for c in measured:
-                        measured[c] += events[c]
+                    folder = os.path.join(work, "calibration")
+                    kept_run = os.path.join(folder, f"{policy}.json")
+                    if os.path.exists(kept_run):  # a kept calibration run: measured again
+                        with open(kept_run) as f:
+                            saved = json.load(f)
+                    else:
+                        *_, hashes, reserved = run_for_real(policy, trace, args.steps, args.time_scale, args.round,
+                                                            folder, suspend_all_at=args.gap * args.jobs / 2)
+                        saved = {"reserved": reserved, "hashes": sorted(hashes)}
+                        if args.keep:
+                            with open(kept_run, "w") as f:
+                                json.dump(saved, f)
+                    digests |= set(saved["hashes"])
+                    for c, events in measure(os.path.join(folder, policy), saved["reserved"]).items():
+                        measured[c] += events
                 if args.costs:
                     with open(args.costs, "w") as f:
                         json.dump(measured, f)
@@ -276,7 +307,8 @@ def main():
         cluster.shutdown()
     print("Calibration runs (" + args.calibration_policies + ", every slot reserved for 5 s halfway): medians, s: "
           + ", ".join(f"{c} {costs[c]:.2f} ({counts[c]} events)" for c in COSTS)
-          + f" (start, resume and join at full speed); {costs['parallel_starts']:g} processes starting at once go at "
+          + f" (start, resume and join at full speed; exit of one process, n of them taking n^"
+          f"{costs['exit_weight']:g} times that); {costs['parallel_starts']:g} processes starting at once go at "
           f"full speed, more share the machine, a start of n processes weighing n^{costs['start_weight']:g} and "
           f"a process training beside them {costs['training_weight']:g}\n")
     if args.runs == 0:  # a calibration alone (into --costs)

@@ -40,6 +40,7 @@ class SimConfig:
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
     exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
+    exit_weight: float = 0.0  # an exit of n processes takes exit_s * n ** exit_weight (they leave side by side)
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
     parallel_starts: float = 0.0  # processes starting (a job's first start or a resume, its joiners preparing) that
     # go at full speed at once; with k > that, every start goes at parallel_starts / k (0: no limit). Cluster mode on
@@ -48,7 +49,8 @@ class SimConfig:
     # processes start side by side, partly waiting rather than computing (cluster mode's calibration fits it)
     training_weight: float = 0.0  # and each process training beside the starts weighs this much (it computes too)
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
-    # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later
+    # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later, and the
+    # policy sees the preempted job again (queued) only once it has left, as cluster mode's scheduler
     rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
     completion_poll_s: float = 0.0  # a job's end starts a round at the next look, every this many seconds, for ended
     # jobs (cluster mode's scheduler looks each second, then decides at once); 0: jobs end into the next round
@@ -113,10 +115,11 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
         job.per_type_batch = config.per_type_batch
         job.per_type_fit = policy.per_type_models
     for job in jobs:
-        job.exit_s = config.exit_s
+        job.exit_s, job.exit_weight = config.exit_s, config.exit_weight
     # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
     active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
     paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
+    leaving = {}  # name -> when a preempted job has left its GPUs (suspend_s): the policy sees it again from then
     allocations, records, segments, opened, first_start = {}, [], [], {}, {}
     times, gpus_used, num_active = [], [], []
     now, arrived, idle = 0.0, 0, 0
@@ -129,7 +132,10 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             step = config.round_s
             if config.rounds_at_arrivals and arrived < len(jobs):
                 step = min(step, jobs[arrived].arrival + lag - now)
-            if config.completion_poll_s:
+            if config.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
+                if leaving:
+                    poll = config.completion_poll_s
+                    step = min(step, math.ceil(round((min(leaving.values()) - now) / poll, 9)) * poll)
                 step = _advance_to_a_completion(running.values(), now, step, config)
             else:
                 _advance(running.values(), now, step, config)
@@ -144,10 +150,11 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             del active[job.name], running[job.name], allocations[job.name]
             if progress is not None:
                 progress.update(1)
+        leaving = {name: t for name, t in leaving.items() if t > now + 1e-9 and name in active}
         if not active:
             continue
-        new = {name: alloc for name, alloc in policy.optimize(now, active.values(), cluster, allocations).items()
-               if alloc}
+        seen = [job for name, job in active.items() if name not in leaving]  # one that is leaving: out of sight
+        new = {name: alloc for name, alloc in policy.optimize(now, seen, cluster, allocations).items() if alloc}
         if config.check:
             _check(now, new, active, cluster)
         suspended = Counter(n for name, alloc in allocations.items() if name not in new for n in alloc)
@@ -176,6 +183,8 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
             else:
                 del running[name]
                 paused[name] = job.progress
+                if config.suspend_s:
+                    leaving[name] = now + config.suspend_s
         allocations = new
         times.append(now)
         gpus_used.append(sum(map(len, allocations.values())))

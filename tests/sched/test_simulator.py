@@ -158,6 +158,9 @@ def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_and_ends_can_star
     assert run(rounds_at_arrivals=True) == [(0, 100), (121, 221)]  # rounds at 0, 1 (b's arrival), 61, 121
     assert run(completion_poll_s=1.0) == [(0, 100), (100, 200)]  # a round at a's end
     assert run(completion_poll_s=1.0, exit_s=30.5) == [(0, 130.5), (131, 261.5)]  # at the look after its exit
+    two = [JobSpec("a", 0, 2, duration=100)]  # an exit of n processes takes exit_s * n ** exit_weight
+    result = simulate(two, FifoPolicy(), Cluster.parse("1x2"), None, SimConfig(start_s=0, exit_s=10, exit_weight=0.5))
+    assert result.jobs[0]["completion"] == pytest.approx(100 + 10 * 2 ** 0.5)
 
 
 class GrowAt(Policy):
@@ -210,6 +213,29 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
     # rounds at 0, 30 (b's arrival), 90, 150: a runs 30 s, then from 150 (+10 s restart) its other 70 s
     assert run() == {"a": (0, 230), "b": (30, 130)}
     assert run(suspend_s=5) == {"a": (0, 230), "b": (30, 135)}  # b waits for a to leave
+
+
+class Watching(Newest):
+    """Newest, recording the jobs it is shown each round."""
+
+    def __init__(self):
+        self.shown = []
+
+    def optimize(self, now, jobs, cluster, allocations):
+        self.shown.append((now, [j.name for j in jobs]))
+        return super().optimize(now, jobs, cluster, allocations)
+
+
+def test_a_preempted_job_is_out_of_the_policys_sight_until_it_has_left_and_its_leaving_starts_a_round():
+    """As cluster mode's scheduler: a job that is leaving (suspend_s) is no job the policy may place, and the
+    look that finds it gone starts a round."""
+    jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 30, 1, duration=100), JobSpec("c", 32, 1, duration=100)]
+    policy = Watching()
+    config = SimConfig(start_s=0, restart_s=10, rounds_at_arrivals=True, completion_poll_s=1.0, suspend_s=4.5)
+    simulate(jobs, policy, Cluster.parse("1x1"), None, config)
+    # a leaves from 30 to 34.5, b (preempted by c) from 32 to 36.5: each is shown again at the next look
+    assert policy.shown[:5] == [(0, ["a"]), (30, ["a", "b"]), (32, ["b", "c"]), (35, ["a", "c"]),
+                                (37, ["a", "b", "c"])]
 
 
 def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):

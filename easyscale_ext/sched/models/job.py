@@ -32,6 +32,7 @@ class Job:
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
         self.delay_starts = False  # that delay starts processes (a first start, a resume): starts share the machine
         self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
+        self.exit_weight = 0.0  # with n processes, that takes exit_s * n ** exit_weight
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
         self.joining = None  # (groups, pause, seconds left): new processes preparing to join (allocate_after)
         self.completion = None
@@ -118,7 +119,7 @@ class Job:
         if self.exit_left is None and seconds > used:
             used += self._work(now + used, seconds - used)
             if self.completion is not None and self.exit_s:  # its last step is done; it ends when it has exited
-                self.exit_left, self.completion = self.exit_s, None
+                self.exit_left, self.completion = self.exit_s * self.num_gpus ** self.exit_weight, None
         if self.exit_left is not None and seconds > used:
             out = min(self.exit_left, seconds - used)
             self.exit_left -= out
