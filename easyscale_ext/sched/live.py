@@ -47,10 +47,12 @@ def follow(job, now: float, seconds: float, done: Optional[float] = None, step_s
            runs: bool = False) -> None:
     """Let `seconds` pass for `job` up to `now`, then set what was measured: `done`, the share of its steps
     the real job has run, `step_s`, its seconds per step on its current slots, and `runs`, whether it trains on
-    every one of them (its start or its joiners' preparation is over)."""
-    job.advance(now - seconds, seconds)
+    every one of them (its start or its joiners' preparation is over). A job seen running has measured its
+    slots over those seconds (its agent's observations), as a simulated one has from the end of its modelled
+    start: its model would otherwise learn of them a round later, and a policy would value it as unmeasured."""
     if runs:
         job.delay_left = 0.0
+    job.advance(now - seconds, seconds)
     job.completion = None  # the real job says when it ends
     if not isinstance(job, AppJob):
         return

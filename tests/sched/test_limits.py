@@ -83,6 +83,18 @@ def test_a_model_follows_the_real_jobs_progress_and_step_time():
     assert job.completion is None and job.epoch == job.epochs - 1
 
 
+def test_a_model_seen_running_has_measured_its_slots_at_once():
+    """The round that first sees a real job run on its slots finds its model measured there (as a simulated job
+    is once its modelled start is over), not a round later."""
+    apps = Applications(data_dir())
+    job = live.job_model("j", 0.0, 4, 4, apps["cifar10"])
+    live.place(job, {"t4": (2,)})
+    live.follow(job, 10.0, 10.0)  # still starting
+    assert job.reallocating and not job.observed
+    live.follow(job, 30.0, 20.0, done=0.1, runs=True)
+    assert not job.reallocating and job.configuration in job.observed and job.grad is not None
+
+
 def test_a_job_put_back_that_over_fills_another_node_displaces_the_start_there():
     # b grows onto node 0 where a and c are kept: b goes back to node 1, where the new start d must then yield
     policy = Limits(Fixed({"b": (0, 0), "d": (1,), "e": (1,)}), preempt=False)
