@@ -4,7 +4,8 @@ it down), starts the job's processes on the slots the scheduler gives it, and ch
 The scheduler says which slots the job should hold (`place`); the supervisor gets there without a restart:
 a slot it lacks gets a joiner (it prepares while the job trains, then joins at a step boundary), a slot it
 should leave has its process released by name (it leaves at the next boundary; its virtual workers move),
-and a move does both, the joiner first, so the job never drops below its size meanwhile. `split` asks for
+and a move does both, the joiners first (as many as the job's virtual workers allow), so the job drops below its
+size meanwhile only where it must. `split` asks for
 another division of the virtual workers. The supervisor marks a process that exited with an error lost at
 once, as `easyscale run`'s launcher does, so the others recover in place. A process that has exited, for any
 reason (released, moved, failed, cancelled), gives its slot back at once: its actor is ended, its output kept
@@ -264,9 +265,11 @@ class JobSupervisor:
                 pending.remove(w)
                 withdrawn = True
         holding.update(self.node_of[w] for w in pending)
-        for node, count in (wanted - holding).items():  # grow first: a move never drops below the job's size
-            for _ in range(count):
-                pending.append(self._spawn(node, joining=True))
+        # Grow first: a move never drops below the job's size. But a job has at most a process per virtual worker:
+        # a move that would pass that grows to it, sheds the processes to leave, then grows the rest.
+        growth = [node for node, count in (wanted - holding).items() for _ in range(count)]
+        room = max(self.virtual_workers - len(members) - len(pending), 0)
+        pending += [self._spawn(node, joining=True) for node in growth[:room]]
         if pending or withdrawn or self.joiner_lost:  # a joiner lost: rank 0 must not wait for it
             store.set("target", str(len(members) + len(pending)))
             self.joiner_lost = False

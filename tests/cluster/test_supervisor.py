@@ -25,14 +25,15 @@ def wait(condition, what: str, timeout: float = 120.0):
         time.sleep(0.2)
 
 
-def started_job(tmp_path, job_id, nodes, step_sleep, *extra):
+def started_job(tmp_path, job_id, nodes, step_sleep, *extra, virtual_workers=4):
     """A supervisor beside this driver running JOB_ARGS' job (its hash to tmp_path/hash) on `nodes`, after its
     first step; and a function returning the supervisor's status."""
-    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers", "4",
-            "--steps", "8", "--epochs", "2", "--step-sleep", str(step_sleep), *extra]
+    argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers",
+            str(virtual_workers), "--steps", "8", "--epochs", "2", "--step-sleep", str(step_sleep), *extra]
     supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         ray.get_runtime_context().get_node_id(), soft=False)).remote(
-        job_id, argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 4)
+        job_id, argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path),
+        virtual_workers)
     status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
     ray.get(supervisor.place.remote(nodes))
     wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
@@ -53,6 +54,20 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
     assert out.read_text() == run_job("reference", **JOB_ARGS)
+
+
+def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing_the_rest_bitwise(cluster, tmp_path):
+    """A job of 2 virtual workers on one slot of a moves to both slots of b: joiners first would make it 3
+    processes. It grows to 2 (one joiner), leaves a, then grows the rest (before, the second joiner waited for
+    admission forever, holding its slot, and the process on a never left)."""
+    a, b = cluster.node_ids()
+    supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", virtual_workers=2)
+    ray.get(supervisor.place.remote([b, b]))
+    wait(lambda: status()["nodes"] == [b, b] or status()["done"] is not None, "the move", timeout=90)
+    assert status()["nodes"] == [b, b], status()
+    wait(lambda: status()["done"] is not None, "the end")
+    assert status()["done"] == 0
+    assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=20, epochs=2)
 
 
 def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(cluster, tmp_path):
