@@ -1,5 +1,6 @@
 """Our policy and the simulator's in-place reallocation, on tiny cases."""
 from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.ours import OursPolicy
@@ -43,3 +44,13 @@ def test_ours_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
     values = ours._values(job, ["t4"], {"t4": [1, 2, 4]}, {"t4": 4})
     assert values["t4", 4] > values["t4", 2]  # 4 GPUs are worth more, undiscounted
     assert len(ours.optimize(40, [job], cluster, current)["a"]) == 4
+
+
+def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps):
+    """One GPU, a job on it and a new one, each worth 1 (normalised): a swap gains nothing and costs a suspension
+    and a resume. Before, the solver broke the tie by job order: listed first, the new job took the GPU."""
+    for app in ("cifar10", "bert"):
+        held = running(apps, "a", 1, "t4", app=app)
+        new = make_job(JobSpec("b", 0, 1, app, 128), apps, None)
+        for jobs in ([held, new], [new, held]):
+            assert OursPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}

@@ -19,7 +19,9 @@ moves by how the job runs; models/freezing.py: freezing off unless a job opts in
   Ours maximises the sum of the square roots of the normalised goodputs (concave: still diminishing returns per
   job, so no job is starved of a second GPU by a well-scaling one), every job first getting a GPU while GPUs last
   (a constant far above any value, Sia's lambda_n in spirit). Reallocating towards throughput each round is what
-  cheap moves allow.
+  cheap moves allow. A preemption, though, is no cheap move (a suspension to a checkpoint, then a resume): it
+  costs what a change does (Sia's lambda_a), so the program never stops a running job for a waiting one of the
+  same value (with every job worth running, such ties are common, and the solver breaks them by job order).
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
 makes them restart-based (the ablation's "ours, restart-based").
 
@@ -52,6 +54,7 @@ class OursPolicy(SiaPolicy):
         self.growth = MAX_GPUS if fast_growth else 2
         if utility:
             self.offset = -EVERY_JOB
+        self.stop_cost = self.lambda_a  # a preemption is a change too: no swap of a running job for an equal one
 
     def _cost(self, value) -> float:
         if not self.utility:

@@ -58,6 +58,7 @@ class SiaPolicy(Policy):
         self.growth = 2  # a job is offered at most this many times the most GPUs it has been measured on
         self.mixes_types = False  # offers configurations spanning GPU types (ours)
         self.offset = 0.0  # a constant in every configuration's cost (_solve takes it out of the objective)
+        self.stop_cost = 0.0  # what stopping a running job costs over any configuration of it (Sia's: nothing)
         if in_place is not None:  # its jobs run in place (the ablation "Sia + in place"), discounting by restart_s
             self.in_place = in_place
         if name is not None:
@@ -87,7 +88,7 @@ class SiaPolicy(Policy):
                     value *= factor
                 cost = self._cost(value)
                 options.append((j, config))
-                costs.append(cost + (self.lambda_a if change else 0.0))
+                costs.append(cost + (self.lambda_a if change else 0.0) - (self.stop_cost if current else 0.0))
                 forced.append(config == current and job.reallocating)  # no reallocation mid-restart or mid-join
         chosen = self._solve(len(jobs), options, np.array(costs), np.array(forced), cluster.room(cluster.gpus))
         return self._place({jobs[j].name: config for j, config in chosen}, allocations, cluster)
