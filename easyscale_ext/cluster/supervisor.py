@@ -5,11 +5,10 @@ The scheduler says which slots the job should hold (`place`); the supervisor get
 a slot it lacks gets a joiner (it prepares while the job trains, then joins at a step boundary), a slot it
 should leave has its process released by name (it leaves at the next boundary; its virtual workers move),
 and a move does both, the joiners first (as many as the job's virtual workers allow), so the job drops below its
-size meanwhile only where it must. `split` asks for
-another division of the virtual workers. The supervisor marks a process that exited with an error lost at
-once, as `easyscale run`'s launcher does, so the others recover in place. A process that has exited, for any
-reason (released, moved, failed, cancelled), gives its slot back at once: its actor is ended, its output kept
-in the log folder on the head.
+size meanwhile only where it must. `split` asks for another division of the virtual workers. The supervisor
+marks a process that exited with an error lost at once, as `easyscale run`'s launcher does, so the others
+recover in place. A process that has exited, for any reason (released, moved, failed, cancelled), gives its
+slot back at once: its actor is ended, its output kept in the log folder on the head.
 """
 import json
 import logging
