@@ -162,12 +162,14 @@ def calibrated(measured) -> dict:
     costs = {c: max(statistics.median(s for _, s, _ in v), 0.0) if v else 0.0 for c, v in measured.items()
              if c in COSTS}
     exits = [(max(n, 1), s) for n, s, _ in measured["exit"] if s > 0]  # n = 0: a cost file from before n was kept
-    if exits:  # an exit of n processes takes exit * n ** exit_weight, the pair that fits the exits best (log)
-        costs["exit"], costs["exit_weight"] = min(
-            ((one, round(float(w), 2)) for w in np.arange(0.0, 1.05, 0.05)
-             for one in [statistics.median(s / n ** w for n, s in exits)]),
-            key=lambda f: sum((np.log(s) - np.log(f[0] * n ** f[1])) ** 2 for n, s in exits))
-    costs.setdefault("exit_weight", 0.0)
+
+    def exit_fit(weight):  # (error, one process's exit, weight): n processes take one * n ** weight
+        one = statistics.median(s / n ** weight for n, s in exits)
+        return sum((np.log(s) - np.log(one * n ** weight)) ** 2 for n, s in exits), one, round(float(weight), 2)
+
+    costs["exit_weight"] = 0.0
+    if exits:  # the weight that fits the exits best (least squares of the log)
+        _, costs["exit"], costs["exit_weight"] = min(map(exit_fit, np.arange(0.0, 1.05, 0.05)))
     if not starts:
         return dict(costs, parallel_starts=0.0, start_weight=1.0, training_weight=0.0)
     fits = [(fit(shared, p), w, b) for w in np.arange(0.0, 1.05, 0.05) for b in np.arange(0.0, 1.05, 0.1)
