@@ -62,11 +62,15 @@ def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing
     admission forever, holding its slot, and the process on a never left)."""
     a, b = cluster.node_ids()
     supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", virtual_workers=2)
-    ray.get(supervisor.place.remote([b, b]))
-    wait(lambda: status()["nodes"] == [b, b] or status()["done"] is not None, "the move", timeout=90)
-    assert status()["nodes"] == [b, b], status()
-    wait(lambda: status()["done"] is not None, "the end")
-    assert status()["done"] == 0
+    try:
+        ray.get(supervisor.place.remote([b, b]))
+        wait(lambda: status()["nodes"] == [b, b] or status()["done"] is not None, "the move", timeout=90)
+        assert status()["nodes"] == [b, b], status()
+        wait(lambda: status()["done"] is not None, "the end")
+        assert status()["done"] == 0
+    finally:  # its processes are detached actors: a failure must not leave them holding the slots
+        ray.get(supervisor.cancel.remote())
+        ray.kill(supervisor)
     assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=20, epochs=2)
 
 
