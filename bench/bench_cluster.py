@@ -17,7 +17,9 @@ round's decision (SimConfig.arrival_lag_s); each job's length (its steps as a sh
 the simulator's slowdown, and a round starts at each arrival and at each job's end, as the scheduler does. Both
 drivers run the policy as it is, held to each job's limits (policies.limits: a job keeps its batch; preemptions are
 suspensions), and move every job in place, as the cluster does whatever the policy's own runtime (a restart-based
-policy's job moves there by joiners and leavers, not by a restart).
+policy's job moves there by joiners and leavers, not by a restart). Each real run is simulated --draws times, its
+arrivals moved by up to --jitter s after the first draw (simulate_draws), and the median draw is compared: a
+policy that decides on near-ties gives a spread, of which one simulation, like one real run, is a single draw.
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
     python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
@@ -29,6 +31,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -44,6 +47,7 @@ CLUSTER = ",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES))  # as `easyscale sim
 # node order (scheduler.policy_view: by type)
 COSTS = ("start", "pause", "join", "exit", "suspend", "resume", "lag")  # measured: (processes, seconds, when) each
 TRAINING = "train"  # also measured: (processes, seconds, when) of each stretch a job trained at one size
+TIE = 0.01  # two policies whose avg JCTs are this close (relatively) in a driver are tied in its ordering
 STARTS = ("start", "resume", "join")  # the costs that start processes: they share this machine's cores
 
 
@@ -179,7 +183,9 @@ def calibrated(measured) -> dict:
                 training_weight=round(float(beside), 2))
 
 
-def simulate_run(policy, result, steps, scale, round_s, costs):
+def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=0):
+    """The simulation of the real run `result`: its jobs, arriving when they did (each moved by up to `jitter`
+    seconds either way, drawn with `seed`: a draw of the ensemble, see simulate_draws)."""
     from easyscale_ext.sched import live
     from easyscale_ext.sched.models.application import Applications
     from easyscale_ext.sched.models.cluster import Cluster
@@ -189,9 +195,11 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
     apps = Applications(data_dir())
+    shift = random.Random(seed)
+    arrivals = [max(0.0, j["arrival"] + (shift.uniform(-jitter, jitter) if jitter else 0.0)) for j in result.jobs]
     # each job as the scheduler modelled it (sched.live: D2, so it may span types), known to last one short epoch
-    specs = [replace(live.job_model(j["name"], j["arrival"], VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
-                                    heterogeneous=True).spec, epochs=1) for j in result.jobs]
+    specs = [replace(live.job_model(j["name"], at, VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
+                                    heterogeneous=True).spec, epochs=1) for j, at in zip(result.jobs, arrivals)]
     cluster = Cluster.parse(CLUSTER)
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
@@ -204,6 +212,17 @@ def simulate_run(policy, result, steps, scale, round_s, costs):
                        completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
+
+
+def simulate_draws(policy, result, steps, scale, round_s, costs, draws, jitter) -> list:
+    """(avg JCT, simulation) of `draws` simulations of `result`, by avg JCT: draw 0 as the jobs arrived, the others
+    with arrivals moved by up to `jitter` s, as they differ between real runs of one trace. A policy whose decisions
+    turn on near-ties (Sia's integer program) gives a spread of results from arrivals a fraction of a second apart;
+    one simulation is one draw of it, as one real run is."""
+    from easyscale_ext.sched.metrics import summarize
+
+    sims = [simulate_run(policy, result, steps, scale, round_s, costs, jitter if k else 0.0, k) for k in range(draws)]
+    return sorted(((summarize(s, len(TYPES) * SLOTS)["avg_jct"], s) for s in sims), key=lambda d: d[0])
 
 
 def plot(folder, policy, result, real, simulated, sim):
@@ -232,6 +251,9 @@ def main():
     ap.add_argument("--round", type=float, default=5.0, help="seconds per scheduling round")
     ap.add_argument("--runs", type=int, default=3,
                     help="runs of each policy; the table gives medians (0: only the calibration, into --costs)")
+    ap.add_argument("--draws", type=int, default=15, help="simulations of each real run (simulate_draws)")
+    ap.add_argument("--jitter", type=float, default=0.5, help="seconds by which the draws after the first move each "
+                    "arrival, at most: a job's submission time differs by about that between real runs")
     ap.add_argument("--calibration-policies", default="easyscale-heter,fifo",
                     help="the calibration runs' policies: one that grows jobs in place (1-process starts, joiners) and "
                     "one that starts whole jobs (4-process starts)")
@@ -294,7 +316,9 @@ def main():
                                                                  args.round, os.path.join(work, str(run)))
                     digests |= hashes
                     real = summarize(result, len(TYPES) * SLOTS)
-                    simulated = simulate_run(policy, result, args.steps, args.time_scale, args.round, costs)
+                    draws = simulate_draws(policy, result, args.steps, args.time_scale, args.round, costs,
+                                           args.draws, args.jitter)
+                    simulated = draws[len(draws) // 2][1]  # the median draw: kept and plotted
                     sim = summarize(simulated, len(TYPES) * SLOTS)
                     if args.keep:
                         with open(kept_run, "w") as f:
@@ -302,7 +326,8 @@ def main():
                                        "hashes": sorted(hashes)}, f)
                         plot(os.path.join(work, str(run), "plots"), policy, result, real, simulated, sim)
                     runs[policy].append((real["avg_jct"], sim["avg_jct"], sim["avg_jct"] / real["avg_jct"],
-                                         real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds)))
+                                         real["makespan"], sim["makespan"], statistics.median(rounds), max(rounds),
+                                         [avg for avg, _ in draws]))
                     print(f"run {run + 1}, {policy}: sim / real {runs[policy][-1][2]:.2f}", file=sys.stderr,
                           flush=True)
     finally:
@@ -315,19 +340,31 @@ def main():
           f"a process training beside them {costs['training_weight']:g}\n")
     if args.runs == 0:  # a calibration alone (into --costs)
         return
-    print(f"Median of {args.runs} runs (sim / real of each run in brackets).\n")
-    print("| policy | avg JCT real (s) | avg JCT simulated (s) | sim / real | makespan real | makespan sim "
-          "| round median / max (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    rows = {p: [statistics.median(column) for column in zip(*r)] for p, r in runs.items()}
-    for p, (real, sim, ratio, mreal, msim, rmed, _) in rows.items():
-        each = ", ".join(f"{r[2]:.2f}" for r in runs[p])
-        print(f"| {p} | {real:.1f} | {sim:.1f} | {ratio:.2f} [{each}] | {mreal:.1f} | {msim:.1f} | {rmed:.3f} / "
-              f"{max(r[6] for r in runs[p]):.3f} |")
+    print(f"Real: median of {args.runs} runs (each run's in brackets). Simulated: median of {args.draws} draws per "
+          f"run, all runs' together (simulate_draws: arrivals moved by up to {args.jitter:g} s; their 10th-90th "
+          "percentiles beside). sim / real: of those medians (each run's draws' median over its real one in "
+          "brackets).\n")
+    print("| policy | avg JCT real (s) | avg JCT simulated (s) | draws p10-p90 | sim / real | makespan real "
+          "| makespan sim | round median / max (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = {}
+    for p, r in runs.items():
+        pooled = sorted(avg for row in r for avg in row[7])
+        real, mreal, msim, rmed = (statistics.median(row[k] for row in r) for k in (0, 3, 4, 5))
+        rows[p] = (real, statistics.median(pooled))
+        tenth = lambda q: pooled[min(len(pooled) - 1, round(q * (len(pooled) - 1)))]  # noqa: E731
+        print(f"| {p} | {real:.1f} [{', '.join(f'{row[0]:.0f}' for row in r)}] | {rows[p][1]:.1f} | "
+              f"{tenth(0.1):.0f}-{tenth(0.9):.0f} | {rows[p][1] / real:.2f} [{', '.join(f'{row[2]:.2f}' for row in r)}]"
+              f" | {mreal:.1f} | {msim:.1f} | {rmed:.3f} / {max(row[6] for row in r):.3f} |")
     order_real = sorted(rows, key=lambda p: rows[p][0])
     order_sim = sorted(rows, key=lambda p: rows[p][1])
-    print(f"\nordering by avg JCT: real {order_real}, simulated {order_sim} "
-          f"({'same' if order_real == order_sim else 'DIFFERENT'})")
+    # a pair the drivers order differently, where both drivers put them more than TIE apart (else a tie)
+    swapped = [(a, b) for a, b in itertools.combinations(rows, 2)
+               if (rows[a][0] - rows[b][0]) * (rows[a][1] - rows[b][1]) < 0]
+    apart = [(a, b) for a, b in swapped if all(abs(rows[a][k] / rows[b][k] - 1) > TIE for k in (0, 1))]
+    verdict = "same" if not swapped else "DIFFERENT" if apart else \
+        f"same but for ties within {TIE:.0%} in one driver: " + ", ".join(f"{a} and {b}" for a, b in swapped)
+    print(f"\nordering by avg JCT: real {order_real}, simulated {order_sim} ({verdict})")
     print(f"final states: {len(digests)} distinct SHA-256 over every job of every run, calibration included "
           "(1 = bitwise identical)")
 
