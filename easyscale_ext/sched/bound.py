@@ -6,8 +6,9 @@ A job under any policy shares the cluster, pays for its moves and runs one confi
 it cannot finish sooner, with one exception left out on purpose: a two-type allocation (a job at D2 on this runtime)
 is not offered here. It is faster than the fastest type alone only where that type runs out; alone, a job has
 every GPU of it (bench_fair checks that no job of any table beat its limit). Batches: every candidate Pollux's agent
-weighs (models/goodput.py) on every type's own per-GPU limit, and the job's own fixed batch, so a policy that tunes
-batches and one that keeps them are both bounded.
+weighs (models/goodput.py) on every type's own per-GPU limit, and the job's own fixed batch, each also without
+Pollux's extra accumulation step on one GPU (a virtual-worker job has none), so a policy that tunes batches and
+one that keeps them are both bounded.
 """
 from functools import lru_cache
 
@@ -65,8 +66,8 @@ def _rates(app, gpu_type, per_node, total, fixed_batch) -> np.ndarray:
         low = max(app.init_batch_size, app.min_local_bsz * gpus)
         wanted = [b for b in (fixed_batch, app.init_batch_size) if b >= gpus * app.min_local_bsz]
         candidates = np.unique(np.concatenate([np.geomspace(low, max(low, app.max_batch_size), CANDIDATES), wanted]))
-        local, accum = split_batch(candidates, gpus, max_local, app.init_batch_size)
-        for m, s in zip(local, accum):
+        splits = [split_batch(candidates, gpus, max_local, init) for init in (app.init_batch_size, np.inf)]
+        for m, s in zip(*(np.concatenate(part) for part in zip(*splits))):
             batch = gpus * int(m) * (int(s) + 1)
             if app.min_local_bsz <= m <= max_local and batch <= max(app.max_batch_size, fixed_batch):
                 step, sync = profile.step_time(packed(gpus, per_node), int(m))
