@@ -28,10 +28,8 @@ def job_lower_bounds(specs, cluster, apps, config) -> np.ndarray:
     if frozen:
         raise ValueError(f"{len(frozen)} jobs freeze layers under this configuration (e.g. {frozen[0]}); the limit "
                          "models jobs that train every layer: bound them with freezing off")
-    per_type = {}  # GPU type -> (GPUs per node, GPUs of that type in all)
-    for gpus, gpu_type in zip(cluster.gpus, cluster.types):
-        per_node, total = per_type.get(gpu_type, (0, 0))
-        per_type[gpu_type] = (max(per_node, gpus), total + gpus)
+    totals = cluster.room(cluster.gpus)  # GPU type -> its GPUs in all
+    per_node = {t: max(g for g, u in zip(cluster.gpus, cluster.types) if u == t) for t in totals}
     out = []
     for spec in specs:
         job = make_job(spec, apps, spec.batch_size)  # a fresh model: its first start, as restart_cost prices it
@@ -41,17 +39,12 @@ def job_lower_bounds(specs, cluster, apps, config) -> np.ndarray:
         else:
             app = apps[spec.app]
             fixed = spec.batch_size or 0
-            rates = np.max([_rates(app, gpu_type, per_node, total, fixed) for gpu_type, (per_node, total)
-                            in per_type.items()], axis=0)
+            rates = np.max([_rates(app, t, per_node[t], totals[t], fixed) for t in totals], axis=0)
             epochs = min(spec.epochs or app.epochs, app.epochs)
             ends = np.array([app.noise.progress_at(e) for e in range(epochs + 1)])
             seconds += float(np.sum(np.diff(ends) / rates[:epochs])) * config.slowdown.get(spec.app, 1.0)
         out.append(seconds)
     return np.array(out)
-
-
-def average_jct_bound(specs, cluster, apps, config) -> float:
-    return float(np.mean(job_lower_bounds(specs, cluster, apps, config)))
 
 
 @lru_cache(maxsize=None)
