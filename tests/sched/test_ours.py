@@ -1,4 +1,6 @@
 """Our policy and the simulator's in-place reallocation, on tiny cases."""
+import pytest
+
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
@@ -54,3 +56,21 @@ def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps
         new = make_job(JobSpec("b", 0, 1, app, 128), apps, None)
         for jobs in ([held, new], [new, held]):
             assert OursPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}
+
+
+def test_ours_remaining_gives_more_gpus_to_the_job_nearer_its_end(apps):
+    """Two jobs alike but for their share done, 6 GPUs: one gets 4, the other 2. With the remaining-work weight
+    the one with less work left gets 4, whichever it is and in whichever order the jobs are listed."""
+    from easyscale_ext.sched.policies.ours import remaining_work
+
+    cluster = Cluster.parse("1x4:t4,1x2:t4")
+    for near in ("a", "b"):
+        jobs = [running(apps, name, 2, "t4") for name in "ab"]
+        for job in jobs:
+            job.progress = (0.9 if job.name == near else 0.1) * job.app.noise.progress_at(job.epochs)
+        far = "b" if near == "a" else "a"
+        left = {job.name: remaining_work(job) for job in jobs}  # GPU-seconds held x (1 - f) / f
+        assert left[near] == pytest.approx(1200 / 9) and left[far] == pytest.approx(1200 * 9)
+        for order in (jobs, jobs[::-1]):
+            alloc = OursPolicy(remaining=True).optimize(600, order, cluster, {"a": (0, 0), "b": (1, 1)})
+            assert {name: len(a) for name, a in alloc.items()} == {n: 4 if n == near else 2 for n in "ab"}

@@ -31,6 +31,7 @@ POLICIES = {
     "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
     "sia-mixed": lambda seed: OursPolicy(fast_growth=False, utility=False, in_place=False, name="sia-mixed"),
     "ours": lambda seed: OursPolicy(),
+    "ours-remaining": lambda seed: OursPolicy(remaining=True),
     "ours-no-mixed": lambda seed: OursPolicy(mixed=False),
     "ours-no-fast-growth": lambda seed: OursPolicy(fast_growth=False),
     "ours-sia-objective": lambda seed: OursPolicy(utility=False),

@@ -22,12 +22,19 @@ moves by how the job runs; models/freezing.py: freezing off unless a job opts in
   cheap moves allow. A preemption, though, is no cheap move (a suspension to a checkpoint, then a resume): it
   costs what a change does (Sia's lambda_a), so the program never stops a running job for a waiting one of the
   same value (with every job worth running, such ties are common, and the solver breaks them by job order).
+- Remaining work (`remaining`, the variant ours-remaining; not yet ours' default): Smith's rule for the average
+  JCT. A job's values are divided by its remaining work relative to the median job's, so that the program favours
+  the jobs nearest their end: remaining work = the GPU-seconds it has held x (1 - f) / f, f its share of its
+  length done, an estimate that needs no length in seconds (a real job reports its steps done of its total, and
+  its held GPU-seconds are the scheduler's). A job that has done nothing yet is valued as the median.
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
 makes them restart-based (the ablation's "ours, restart-based").
 
-Ablations (registry): ours-no-mixed, ours-no-fast-growth, ours-sia-objective; sia-mixed is Sia's program with the
-pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run it.
+Variants (registry): ours-remaining (an idea added, above); the ablations ours-no-mixed, ours-no-fast-growth,
+ours-sia-objective; sia-mixed is Sia's program with the pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run it.
 """
+import statistics
+
 import numpy as np
 
 from ..models.goodput import packed
@@ -43,18 +50,27 @@ UTILITY = 0.5  # the exponent of the utility summed over jobs
 class OursPolicy(SiaPolicy):
     in_place = True
 
-    def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True,
+    def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = False,
                  reallocation_s: float = REALLOCATION_S, name=None, **sia):
         restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
-        name = name or "ours" + ("" if mixed else "-no-mixed") + ("" if fast_growth else "-no-fast-growth") + (
-            "" if utility else "-sia-objective")
+        name = name or "ours" + ("-remaining" if remaining else "") + ("" if mixed else "-no-mixed") + (
+            "" if fast_growth else "-no-fast-growth") + ("" if utility else "-sia-objective")
         super().__init__(restart_s=restart_s, name=name, **sia)
-        self.mixed, self.fast_growth, self.utility = mixed, fast_growth, utility
+        self.mixed, self.fast_growth, self.utility, self.remaining = mixed, fast_growth, utility, remaining
+        self._weights = {}  # job -> the median job's remaining work over its own (`remaining`), this round
         self.mixes_types = mixed
         self.growth = MAX_GPUS if fast_growth else 2
         if utility:
             self.offset = -EVERY_JOB
         self.stop_cost = self.lambda_a  # a preemption is a change too: no swap of a running job for an equal one
+
+    def optimize(self, now, jobs, cluster, allocations):
+        jobs = list(jobs)
+        if self.remaining:
+            work = {job.name: left for job in jobs if (left := remaining_work(job)) is not None}
+            median = statistics.median(work.values()) if work else 1.0
+            self._weights = {name: median / left for name, left in work.items()}
+        return super().optimize(now, jobs, cluster, allocations)
 
     def _cost(self, value) -> float:
         if not self.utility:
@@ -66,7 +82,7 @@ class OursPolicy(SiaPolicy):
         if self.mixed and len(types) > 1 and job.spec.heterogeneous and not job.app.single_gpu \
                 and job.app.d2_cost <= D2_MAX_COST:
             goodput.update(self._pairs(job, types, counts, per_node, goodput))
-        least = min((v for v in goodput.values() if v > 0), default=1.0)
+        least = min((v for v in goodput.values() if v > 0), default=1.0) / self._weights.get(job.name, 1.0)
         return {c: v / least for c, v in goodput.items() if v > 0}
 
     def _pairs(self, job, types, counts, per_node, single) -> dict:
@@ -98,3 +114,11 @@ class OursPolicy(SiaPolicy):
                 if value > max(single.get(((fast, a),), 0.0), single.get(((other, b),), 0.0)):
                     out[(fast, a), (other, b)] = value
         return out
+
+
+def remaining_work(job):
+    """GPU-seconds a job has left, extrapolated from what it held for its share done; None before it progresses
+    (or for a job of unknown length)."""
+    app = getattr(job, "app", None)
+    done = job.progress / app.noise.progress_at(job.epochs) if app is not None else 0.0
+    return job.attained * (1 - done) / done if 0 < done < 1 and job.attained > 0 else None
