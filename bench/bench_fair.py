@@ -53,10 +53,12 @@ ABLATION = [
     ("Sia + in place", "sia", "on", "Sia's program unchanged; jobs move in place (pause + bytes)"),
     ("Sia + in place, discounted", "sia-inplace", "policy", "as above, and the program discounts a change by 1 s"),
     ("Sia + mixed types", "sia-mixed", "policy", "Sia's program with two-type configurations; restarts"),
-    ("ours", "ours", "policy", "two-type pairs + cheap-move growth + sqrt-utility objective; jobs in place"),
+    ("ours", "ours", "policy", "two-type pairs + cheap-move growth + sqrt-utility objective + remaining-work weight; "
+     "jobs in place"),
     ("ours without mixed types", "ours-no-mixed", "policy", "one type per job"),
     ("ours without cheap-move growth", "ours-no-fast-growth", "policy", "Sia's 2x growth limit and 30 s discount"),
     ("ours with Sia's objective", "ours-sia-objective", "policy", "Sia's cost value^-0.5 instead of the utility"),
+    ("ours without the remaining-work weight", "ours-no-remaining", "policy", "values not weighted by remaining work"),
     ("ours, restart-based", "ours", "off", "ours' program, but jobs restart on every change"),
 ]
 

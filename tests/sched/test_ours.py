@@ -58,12 +58,14 @@ def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps
             assert OursPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}
 
 
-def test_ours_remaining_gives_more_gpus_to_the_job_nearer_its_end(apps):
+def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
     """Two jobs alike but for their share done, 6 GPUs: one gets 4, the other 2. With the remaining-work weight
-    the one with less work left gets 4, whichever it is and in whichever order the jobs are listed."""
+    the one with less work left gets 4, whichever it is and in whichever order the jobs are listed (without it,
+    ours-no-remaining gives the 4 to the same job whichever is nearer)."""
     from easyscale_ext.sched.policies.ours import remaining_work
 
     cluster = Cluster.parse("1x4:t4,1x2:t4")
+    unweighted = []
     for near in ("a", "b"):
         jobs = [running(apps, name, 2, "t4") for name in "ab"]
         for job in jobs:
@@ -72,5 +74,9 @@ def test_ours_remaining_gives_more_gpus_to_the_job_nearer_its_end(apps):
         left = {job.name: remaining_work(job) for job in jobs}  # GPU-seconds held x (1 - f) / f
         assert left[near] == pytest.approx(1200 / 9) and left[far] == pytest.approx(1200 * 9)
         for order in (jobs, jobs[::-1]):
-            alloc = OursPolicy(remaining=True).optimize(600, order, cluster, {"a": (0, 0), "b": (1, 1)})
+            alloc = OursPolicy().optimize(600, order, cluster, {"a": (0, 0), "b": (1, 1)})
             assert {name: len(a) for name, a in alloc.items()} == {n: 4 if n == near else 2 for n in "ab"}
+        ablation = OursPolicy(remaining=False)
+        alloc = ablation.optimize(600, jobs, cluster, {"a": (0, 0), "b": (1, 1)})
+        unweighted.append({name: len(a) for name, a in alloc.items()})
+    assert ablation.name == "ours-no-remaining" and unweighted[0] == unweighted[1]

@@ -1,6 +1,7 @@
 """Ours: Sia's goodput-optimising integer program (policies/sia.py) with three allocation ideas that the EasyScale
-runtime makes possible, under the one job model every policy shares (models/reallocation.py: restarts or in-place
-moves by how the job runs; models/freezing.py: freezing off unless a job opts in).
+runtime makes possible and a weight for the average JCT, under the one job model every policy shares
+(models/reallocation.py: restarts or in-place moves by how the job runs; models/freezing.py: freezing off unless a
+job opts in).
 
 - Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
   by the GPUs' measured speeds (job.mixed_step: placement.optimal_split, D2's measured cost, EasyScale's waste).
@@ -22,16 +23,17 @@ moves by how the job runs; models/freezing.py: freezing off unless a job opts in
   cheap moves allow. A preemption, though, is no cheap move (a suspension to a checkpoint, then a resume): it
   costs what a change does (Sia's lambda_a), so the program never stops a running job for a waiting one of the
   same value (with every job worth running, such ties are common, and the solver breaks them by job order).
-- Remaining work (`remaining`, the variant ours-remaining; not yet ours' default): Smith's rule for the average
-  JCT. A job's values are divided by its remaining work relative to the median job's, so that the program favours
-  the jobs nearest their end: remaining work = the GPU-seconds it has held x (1 - f) / f, f its share of its
-  length done, an estimate that needs no length in seconds (a real job reports its steps done of its total, and
-  its held GPU-seconds are the scheduler's). A job that has done nothing yet is valued as the median.
+- Remaining work (`remaining`): Smith's rule for the average JCT. A job's values are multiplied by the median
+  job's remaining work over its own, so that the program favours the jobs nearest their end: remaining work = the
+  GPU-seconds it has held x (1 - f) / f, f its share of its length done. That estimate needs no length in seconds:
+  a real job reports its steps done of its total, and its GPU-seconds held are the scheduler's. A job that has done
+  nothing yet is valued as the median.
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
 makes them restart-based (the ablation's "ours, restart-based").
 
-Variants (registry): ours-remaining (an idea added, above); the ablations ours-no-mixed, ours-no-fast-growth,
-ours-sia-objective; sia-mixed is Sia's program with the pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run it.
+Ablations (registry): ours-no-mixed, ours-no-fast-growth, ours-sia-objective, ours-no-remaining; sia-mixed is Sia's
+program with the pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run
+it.
 """
 import statistics
 
@@ -50,11 +52,11 @@ UTILITY = 0.5  # the exponent of the utility summed over jobs
 class OursPolicy(SiaPolicy):
     in_place = True
 
-    def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = False,
+    def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = True,
                  reallocation_s: float = REALLOCATION_S, name=None, **sia):
         restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
-        name = name or "ours" + ("-remaining" if remaining else "") + ("" if mixed else "-no-mixed") + (
-            "" if fast_growth else "-no-fast-growth") + ("" if utility else "-sia-objective")
+        name = name or "ours" + ("" if mixed else "-no-mixed") + ("" if fast_growth else "-no-fast-growth") + (
+            "" if utility else "-sia-objective") + ("" if remaining else "-no-remaining")
         super().__init__(restart_s=restart_s, name=name, **sia)
         self.mixed, self.fast_growth, self.utility, self.remaining = mixed, fast_growth, utility, remaining
         self._weights = {}  # job -> the median job's remaining work over its own (`remaining`), this round
