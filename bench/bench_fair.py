@@ -8,6 +8,7 @@ that runs in place pays the measured pause plus the bytes that move (models/real
   python bench/bench_fair.py --tables                       # the three families (~13 min on one core)
   python bench/bench_fair.py --ablation --workloads 1 2 3 4 # ablation: Sia's and Pollux's 1-4, EasyScale's
   python bench/bench_fair.py --tables --families sia --workloads 1
+  python bench/bench_fair.py --spread --families easyscale  # ours / sia under arrivals moved by up to 30 s
 """
 import argparse
 import json
@@ -69,11 +70,20 @@ def specs_of(family, index, data):
     return unique_names(specs)[0]
 
 
-def run(family, index, policy, data, **config):
+def moved(specs, draw, jitter):
+    """`specs` with each arrival moved by up to `jitter` seconds, drawn with seed `draw` (0: as in the trace)."""
+    if not draw:
+        return specs
+    rng = np.random.default_rng(draw)
+    return sorted((replace(s, arrival=max(0.0, s.arrival + rng.uniform(-jitter, jitter))) for s in specs),
+                  key=lambda s: s.arrival)
+
+
+def run(family, index, policy, data, draw=0, jitter=0.0, **config):
     _, cluster, base, _, _ = FAMILIES[family]
     begin = time.process_time()
-    result = simulate(specs_of(family, index, data), POLICIES[policy](0), Cluster.parse(cluster), Applications(data),
-                      replace(base, **config))
+    result = simulate(moved(specs_of(family, index, data), draw, jitter), POLICIES[policy](0), Cluster.parse(cluster),
+                      Applications(data), replace(base, **config))
     figures = summary({j["name"]: (j["arrival"], j["jct"]) for j in result.jobs})
     limits = lower_limits(family, index, data)
     figures["least"] = min(j["jct"] / limits[j["name"]] for j in result.jobs)  # >= 1: no job beats its limit
@@ -135,6 +145,22 @@ def tables(args, data, out):
                 for i, o, s in zip(indices, rows["ours"], rows["sia"])), flush=True)
 
 
+def spread(args, data, out):
+    """Ours' avg JCT over Sia's per workload, in draws whose arrivals are moved by up to --jitter seconds: a
+    figure of one trace can turn on near-ties, so one simulation is one draw of a spread."""
+    for family in args.families:
+        indices = [0] if family == "easyscale" else args.workloads
+        print(f"\n{family}: ours / sia, avg JCT, arrivals moved by up to {args.jitter:g} s (draw 0: as in the "
+              "trace)\n")
+        print("| workload | " + " | ".join(f"draw {d}" for d in range(args.draws)) + " | median |")
+        print("|---|" + "---:|" * (args.draws + 1))
+        for i in indices:
+            ratios = [run(family, i, "ours", data, d, args.jitter)["avg"] /
+                      run(family, i, "sia", data, d, args.jitter)["avg"] for d in range(args.draws)]
+            out.setdefault("spread", {}).setdefault(family, {})[i] = ratios
+            print(f"| {i} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {np.median(ratios):.3f} |", flush=True)
+
+
 def ablation(args, data, out):
     families = [f for f in args.families if f != "easyscale"]
     cases = [(f, i) for f in families for i in args.workloads] + (
@@ -171,11 +197,17 @@ def main():
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--workloads", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument("--spread", action="store_true",
+                        help="ours / sia per workload over draws of shifted arrivals")
+    parser.add_argument("--draws", type=int, default=6, help="with --spread: draws, the first as in the trace")
+    parser.add_argument("--jitter", type=float, default=30.0, help="with --spread: seconds an arrival moves, at most")
     parser.add_argument("--json", default=None, help="write the raw figures here")
     args = parser.parse_args()
     data, out = data_dir(args.data), {}
     if args.tables:
         tables(args, data, out)
+    if args.spread:
+        spread(args, data, out)
     if args.ablation:
         ablation(args, data, out)
     if args.json:
