@@ -5,7 +5,7 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
-from easyscale_ext.sched.policies.ours import OursPolicy
+from easyscale_ext.sched.policies.ours import OursPolicy, remaining_work
 from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 from test_sia import running
@@ -62,8 +62,6 @@ def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
     """Two jobs alike but for their share done, 6 GPUs: one gets 4, the other 2. With the remaining-work weight
     the one with less work left gets 4, whichever it is and in whichever order the jobs are listed (without it,
     ours-no-remaining gives the 4 to the same job whichever is nearer)."""
-    from easyscale_ext.sched.policies.ours import remaining_work
-
     cluster = Cluster.parse("1x4:t4,1x2:t4")
     unweighted = []
     for near in ("a", "b"):
