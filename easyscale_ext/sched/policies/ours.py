@@ -6,16 +6,16 @@ job opts in).
 - Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
   by the GPUs' measured speeds (job.mixed_step: placement.optimal_split, D2's measured cost, EasyScale's waste).
   Sia keeps a job on one type. Besides Sia's one-type configurations, a job whose D2 costs at most 10 %
-  (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs) is offered pairs: g1 GPUs of the
-  type fastest for it and g2 of another, each a count Sia would offer on that type, g1 + g2 within twice the most
-  GPUs it has been measured on (a pair is never measured as such: its value rests on the one-type model). The
-  program values a pair as the job's modelled goodput on g1 + g2 GPUs of the fast type (its best batch there),
-  times that batch's step time on g1 + g2 fast GPUs over its step time on the pair (both job.mixed_step on the
-  profiles); a pair worth no more than either part alone is not offered. Each part counts on its type's GPUs.
+  (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs) is offered pairs of any two of the
+  cluster's types: g1 GPUs of the type faster for it and g2 of the slower, each a count Sia would offer on that
+  type, g1 + g2 within what one type may grow to (below). The program values a pair as the job's modelled goodput
+  on g1 + g2 GPUs of the fast type (its best batch there), times that batch's step time on g1 + g2 fast GPUs over
+  its step time on the pair (both job.mixed_step on the profiles); a pair worth no more than either part alone is
+  not offered. Each part counts on its type's GPUs.
 - Cheap-move growth (`fast_growth`): an in-place move costs about a second (the measured pause plus the state
   over the links), not a restart, so the program discounts a change by that (Pollux's restart factor with
-  R = 1 s, not 30 s), and a job may be offered up to the whole cluster on one type (Sia: twice the most GPUs it
-  has been measured on, because a wrong guess costs it a restart; here a wrong guess is undone next round).
+  R = 1 s, not 30 s), and a job may be offered up to the whole cluster on one type or a pair (Sia: twice the most
+  GPUs it has been measured on, because a wrong guess costs it a restart; here a wrong guess is undone next round).
 - Throughput-oriented objective (`utility`): Sia's cost value^-0.5 strongly favours equalising jobs' speedups.
   Ours maximises the sum of the square roots of the normalised goodputs (concave: still diminishing returns per
   job, so no job is starved of a second GPU by a well-scaling one), every job first getting a GPU while GPUs last
@@ -35,6 +35,7 @@ Ablations (registry): ours-no-mixed, ours-no-fast-growth, ours-sia-objective, ou
 program with the pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run
 it.
 """
+import itertools
 import statistics
 
 import numpy as np
@@ -93,12 +94,11 @@ class OursPolicy(SiaPolicy):
         if not estimator:
             return {}
         app = job.app
-        limit = min(self._limit(job), 2 * max(job.max_profiled_replicas, 1))
-        speed = {t: one_gpu_throughput(app, t) for t in types}
-        fast = max(types, key=speed.get)
-        model, scale = estimator[fast]
+        limit = self._limit(job)
+        ranked = sorted(types, key=lambda t: one_gpu_throughput(app, t), reverse=True)
         out = {}
-        for other in (t for t in types if t != fast):
+        for fast, other in itertools.combinations(ranked, 2):  # any two types, the faster for this job first
+            model, scale = estimator[fast]
             pairs = [(g1, g2) for g1 in counts[fast] if g1 < limit for g2 in counts[other] if g1 + g2 <= limit]
             if not pairs:
                 continue
