@@ -35,7 +35,7 @@ core:
 	ctest --test-dir build/core-cpu --output-on-failure
 
 test: build core
-	$(PY) -m pytest -ra --durations=25
+	$(PY) -m pytest -n 2 -ra --durations=25
 
 test-gpu: build
 	$(PY) -m pytest -ra -m gpu

@@ -14,3 +14,20 @@ def _restore_num_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+# The tests that start Ray (a cluster per module, or `easyscale cluster start`) run one after another on one xdist
+# worker (`make test` runs two): two Rays side by side would share this machine's few cores and its memory for at
+# most 8 busy slots. Every other test spreads over both workers; much of a Ray test is waiting. (xdist's own
+# xdist_group marks no longer group anything under pytest 9, whose node ids xdist cannot rename.)
+RAY_TESTS = ("tests/cluster/", "tests/cli/test_cluster_cli.py", "tests/cli/test_listening.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return "ray" if nodeid.startswith(RAY_TESTS) else nodeid
+
+    return RayTestsTogether(config, log)
