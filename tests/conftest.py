@@ -23,6 +23,7 @@ def _restore_num_threads():
 RAY_TESTS = ("tests/cluster/", "tests/cli/test_cluster_cli.py", "tests/cli/test_listening.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
