@@ -35,7 +35,8 @@ core:
 	ctest --test-dir build/core-cpu --output-on-failure
 
 test: build core
-	$(PY) -m pytest -n 2 -ra --durations=25
+	$(PY) -m pytest -n 2 -m 'not serial' -ra --durations=25
+	$(PY) -m pytest -m serial -ra
 
 test-gpu: build
 	$(PY) -m pytest -ra -m gpu

@@ -64,6 +64,7 @@ WORK = dict(n=12, steps=8, batch=128)  # workers long enough (ms) for time-shari
 JOB_THRESHOLD = 0.15  # tests/support/train_job.py's Balancer: the predicted gain it acts on
 
 
+@pytest.mark.serial  # pins processes to two cores and reads their speeds: nothing else may run there
 def test_rebalancing_on_shared_cores_keeps_the_bits_and_the_data(tmp_path):
     alone, shared = two_cores()
     events, samples, fixed_samples = tmp_path / "events", tmp_path / "samples", tmp_path / "fixed"
@@ -100,6 +101,7 @@ def test_split_change_across_instruction_sets_under_d2_keeps_the_bits(tmp_path):
     assert digest != run_job("reference", level="D1", env_per_rank=[determinism.environment("D1")], **WORK)
 
 
+@pytest.mark.serial  # pins processes to two cores and reads their speeds: nothing else may run there
 def test_equal_speeds_rebalance_at_most_once(tmp_path):
     first, second = two_cores()
     events, balance = tmp_path / "events", tmp_path / "balance"
