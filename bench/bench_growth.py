@@ -11,7 +11,12 @@ jobs, one line per GPU count).
 
     python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
-    python bench/bench_growth.py --philly fifo,tiresias   # the whole Philly trace on 300 x 8 GPUs, CPU seconds
+    python bench/bench_growth.py --philly fifo,sia,...   # the whole Philly trace on 300 x 8 GPUs, CPU seconds
+
+The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
+application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
+(T4s only, for a policy of one type). A run stops at `--budget` CPU seconds; it then says how far it got and what
+the whole trace would take at its rate so far.
 """
 import argparse
 import itertools
@@ -24,7 +29,7 @@ from dataclasses import replace
 from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
-from easyscale_ext.sched.models.workload import load_workload, with_stand_ins
+from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
 from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.simulator import simulate, validate
 
@@ -40,10 +45,12 @@ def _timeout(*_):
 
 
 class Timed:
-    """`policy`, its optimize() calls timed (CPU seconds); the simulation ends after `rounds` of them."""
+    """`policy`, its optimize() calls timed (CPU seconds), with the time, the active jobs and the process's CPU
+    clock at each; the simulation ends after `rounds` of them (None: it runs on)."""
 
-    def __init__(self, policy, rounds: int):
-        self.policy, self.rounds, self.seconds = policy, rounds, []
+    def __init__(self, policy, rounds=None):
+        self.policy, self.rounds = policy, rounds
+        self.seconds, self.times, self.active, self.clock = [], [], [], []
 
     def __getattr__(self, name):
         return getattr(self.policy, name)
@@ -52,6 +59,9 @@ class Timed:
         begin = time.process_time()
         decided = self.policy.optimize(now, jobs, cluster, allocations)
         self.seconds.append(time.process_time() - begin)
+        self.times.append(now)
+        self.active.append(len(jobs))
+        self.clock.append(begin)
         if len(self.seconds) == self.rounds:
             raise Enough
         return decided
@@ -61,6 +71,52 @@ def cluster_of(gpus: int, types=TYPES) -> Cluster:
     nodes = gpus // 8
     share = [nodes // len(types) + (i < nodes % len(types)) for i in range(len(types))]
     return Cluster.parse(",".join(f"{k}x8:{t}" for k, t in zip(share, types) if k))
+
+
+def cluster_for(name: str, specs, gpus: int) -> tuple:
+    """The cluster of `gpus` that policy `name` runs `specs` on: Sia's types, else T4s only; and whether T4s only.
+    A ValueError where the policy cannot run them at all."""
+    try:
+        cluster = cluster_of(gpus)
+        validate(specs, POLICIES[name](0), cluster)
+        return cluster, False
+    except ValueError:  # a policy of one GPU type: all T4s
+        cluster = cluster_of(gpus, TYPES[:1])
+        validate(specs, POLICIES[name](0), cluster)
+        return cluster, True
+
+
+def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None:
+    """Each policy on Philly's whole trace, 300 x 8 GPUs, stopped at `budget` CPU seconds (SIGPROF)."""
+    trace = load_workload(data / "pollux" / "traces" / "philly.csv")
+    drawn = with_applications(trace, apps)
+    span = trace[-1].arrival
+    print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | "
+          "CPU s a round, last 1,000 | whole trace, CPU s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        specs = drawn if POLICIES[name](0).profiled else trace
+        cluster, t4_only = cluster_for(name, specs, 2400)
+        timed = Timed(POLICIES[name](0))
+        begin = time.process_time()
+        signal.setitimer(signal.ITIMER_PROF, budget)
+        try:
+            simulate(specs, timed, cluster, apps)
+            finished = True
+        except TimeoutError:
+            finished = False
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+        cpu = time.process_time() - begin
+        reached = timed.times[-1]
+        last = timed.clock[-1000:]
+        rate = (last[-1] - last[0]) / max(len(last) - 1, 1)
+        # Stopped: at least the rounds to the last arrival at the rate of the last 1,000 (the load varies by day).
+        whole = f"{cpu:.0f}" if finished else f">= {cpu + rate * max(span - reached, 0) / round_s:.0f}"
+        label = f"{name} (T4 only)" if t4_only else name
+        print(f"| {label} | {len(timed.seconds)} | {reached / 86400:.1f} d{'' if finished else ' (stopped)'} | "
+              f"{cpu:.0f} | {sum(timed.seconds):.0f} | {statistics.mean(timed.active):.0f} / {max(timed.active)} | "
+              f"{rate:.3g} | {whole} |", flush=True)
 
 
 def jobs_of(count: int, pool) -> list:
@@ -77,18 +133,15 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="")
     ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
+    ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
     args = ap.parse_args()
     signal.signal(signal.SIGALRM, _timeout)
+    signal.signal(signal.SIGPROF, _timeout)
 
     data = data_dir()
     apps = Applications(data)
     if args.philly:
-        trace = load_workload(data / "pollux" / "traces" / "philly.csv")
-        for name in args.philly.split(","):
-            begin = time.process_time()
-            result = simulate(trace, POLICIES[name](0), Cluster.parse("300x8"), apps)
-            print(f"{name}: {len(trace)} jobs, {len(result.timeline['time'])} rounds, "
-                  f"{time.process_time() - begin:.1f} s CPU", flush=True)
+        whole_trace(args.philly.split(","), data, apps, args.budget)
         return
     pool = [s for w in range(1, 9)
             for s in with_stand_ins(load_workload(data / "sia" / "workloads" / "philly" / f"workload-{w}.csv"),
@@ -103,16 +156,12 @@ def main():
                 continue
             specs = jobs_of(jobs, pool)
             try:
-                cluster = cluster_of(gpus)
-                try:
-                    validate(specs, POLICIES[name](0), cluster)
-                except ValueError:  # a policy of one GPU type: all T4s
-                    cluster = cluster_of(gpus, TYPES[:1])
-                    validate(specs, POLICIES[name](0), cluster)
-                    one_type.add(name)
+                cluster, t4_only = cluster_for(name, specs, gpus)
             except ValueError as e:  # a policy that cannot run these jobs
                 print(f"{name}: {e}", flush=True)
                 break
+            if t4_only:
+                one_type.add(name)
             timed = Timed(POLICIES[name](0), args.rounds)
             signal.alarm(int(args.cap * args.rounds * 2))  # a round far over the cap is not waited out
             try:

@@ -10,10 +10,13 @@ from easyscale_ext.sched.models import traces
 from easyscale_ext.sched.models.application import EPOCHS, STAND_INS
 from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import ENV_VAR, data_dir, read_csv
-from easyscale_ext.sched.models.workload import JobSpec, load_workload, unique_names, with_stand_ins
+from easyscale_ext.sched.models.job import isolated_runtime
+from easyscale_ext.sched.models.workload import (APPLICATIONS_BY_GPU_HOURS, JobSpec, load_workload, unique_names,
+                                                 with_applications, with_stand_ins)
+from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.policies.easyscale import EasyScalePolicy
 from easyscale_ext.sched.policies.fifo import FifoPolicy
-from easyscale_ext.sched.simulator import simulate
+from easyscale_ext.sched.simulator import simulate, validate
 
 
 def test_the_packaged_copy_is_found_without_a_checkout(monkeypatch):
@@ -34,6 +37,26 @@ def test_a_compressed_csv_is_read_in_place_of_the_missing_csv(tmp_path):
     cols = read_csv(tmp_path / "t.csv")
     assert list(cols["a"]) == [1.0, 2.0] and list(cols["b"]) == ["x", "y"]
     assert len(load_workload(data_dir() / "pollux" / "traces" / "philly.csv", limit=5)) == 5  # shipped as .csv.gz
+
+
+def test_the_philly_trace_runs_as_applications_drawn_by_its_gpu_hours(data, apps):
+    trace = load_workload(data / "pollux" / "traces" / "philly.csv", limit=3000)
+    specs = with_applications(trace, apps, seed=1)
+    assert specs == with_applications(trace, apps, seed=1) != with_applications(trace, apps, seed=2)  # seeded
+    validate(specs, SiaPolicy(), Cluster.parse("100x8:t4,100x8:a100,100x8:2080ti"))  # a profiled policy runs them
+    assert [s.arrival for s in specs] == [s.arrival for s in trace]
+    for job, spec in zip(trace, specs):
+        hours = job.num_gpus * job.duration / 3600
+        odds = next(odds for bound, odds in APPLICATIONS_BY_GPU_HOURS if hours < bound)
+        assert spec.app in odds or spec.app == "cifar10" and "ncf" in odds and job.num_gpus > 1
+        assert spec.num_gpus == 1 or spec.app != "ncf"
+        assert 1 <= spec.epochs <= apps[spec.app].epochs and spec.duration is None
+    # Its epochs take about its duration alone on its GPUs: where they were not bounded, within a factor of 2.5
+    # (the application's whole epochs would take up to hundreds of times longer).
+    fitted = [(job, spec) for job, spec in zip(trace, specs) if 1 < spec.epochs < apps[spec.app].epochs]
+    assert len(fitted) > 1000 and {s.app for _, s in fitted} >= {"cifar10", "imagenet", "yolov3"}
+    for job, spec in fitted[::20]:
+        assert 0.4 < isolated_runtime(spec, apps, 8, "t4") / job.duration < 2.5
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ preferred GPU type. Such a job asks for D GPUs of its preferred type (one virtua
 would run it); its global batch is D times the per-worker batch, whatever GPUs run it.
 """
 import csv
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -169,6 +170,47 @@ def easyscale_workload(trace, apps, cluster, jobs=80, hours=4.0, seed=0) -> list
         job.allocate({gpu_type: packed(d, per_node[gpu_type])}, 0.0)
         job.advance(0.0, trace_job.duration)
         out.append(replace(spec, epochs=app.epochs if job.completion is not None else max(job.epoch, 1)))
+    return out
+
+
+# The application a Philly job runs, by its GPU-hours (the rule of Pollux's and Sia's workload samplers, kept to the
+# six profiled applications): each bound in GPU-hours, and the applications drawn below it with their odds.
+APPLICATIONS_BY_GPU_HOURS = ((0.1, {"cifar10": 0.8, "ncf": 0.2}), (1.0, {"bert": 1.0}), (5.0, {"deepspeech2": 1.0}),
+                             (10.0, {"yolov3": 1.0}), (math.inf, {"imagenet": 1.0}))
+
+
+def with_applications(trace, apps, gpu_type="t4", gpus_per_node=8, seed=0) -> list:
+    """The Philly trace's jobs (`trace`: JobSpecs with a duration) as Pollux-format jobs of profiled applications,
+    so that every policy can run the whole trace, keeping its arrivals and about its load.
+
+    Each job's application is drawn by its GPU-hours (APPLICATIONS_BY_GPU_HOURS; NCF only for a 1-GPU job, as NCF
+    runs on one). It keeps its GPUs (at most what the application's largest batch spreads over) and runs the
+    application's initial batch, or the smallest batch its GPUs hold. Its epochs are those that take about its
+    duration alone on its GPUs of `gpu_type` (at least 1, at most the application's), at the mean seconds per
+    epoch of a whole run there."""
+    from .job import isolated_runtime
+
+    rng = np.random.default_rng(seed)
+    per_epoch = {}  # (application, GPUs, batch) -> seconds per epoch alone
+
+    def shaped(spec, name):
+        app = apps[name]
+        gpus = min(spec.num_gpus, app.max_batch_size // app.min_local_bsz)
+        batch = min(max(app.init_batch_size, gpus * app.min_local_bsz), app.max_batch_size)
+        key = name, gpus, batch
+        if key not in per_epoch:
+            whole = JobSpec(name, 0.0, gpus, name, batch)
+            per_epoch[key] = isolated_runtime(whole, apps, gpus_per_node, gpu_type) / app.epochs
+        epochs = min(max(round(spec.duration / per_epoch[key]), 1), app.epochs)
+        return replace(spec, name=f"{name}-{spec.name}", num_gpus=gpus, app=name, batch_size=batch, duration=None,
+                       epochs=epochs)
+
+    out = []
+    for spec in trace:
+        hours = spec.num_gpus * spec.duration / 3600
+        odds = next(odds for bound, odds in APPLICATIONS_BY_GPU_HOURS if hours < bound)
+        name = str(rng.choice(list(odds), p=list(odds.values())))
+        out.append(shaped(spec, "cifar10" if name == "ncf" and spec.num_gpus > 1 else name))
     return out
 
 
