@@ -2,7 +2,7 @@
 
   easyscale simulate --workload FILE [--policy NAME,NAME,...|all] [--cluster SPEC] [--map APP=PROFILED]
                      [--seed S] [--out DIR] [--calibration sia|easyscale] [--in-place policy|on|off]
-                     [--freezing job|on|off]
+                     [--freezing job|on|off] [--applications SEED]
 
 Several policies run one process each, two at a time. Also `easyscale workload`, which draws an EasyScale-format
 workload from the Philly trace. Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
@@ -56,6 +56,9 @@ def add_parser(subparsers):
     p.add_argument("--start", type=float, default=None, help="seconds before a job's first progress "
                                                              "(default: --restart; 20 with --calibration easyscale)")
     p.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs to arrive")
+    p.add_argument("--applications", type=int, default=None, metavar="SEED",
+                   help="give the Philly trace's jobs profiled applications, drawn by their GPU-hours with this "
+                        "seed (epochs fitted to their durations), so that every policy can run it")
     p.add_argument("--calibration", choices=list(CALIBRATIONS), default="none",
                    help="easyscale: the EasyScale artifact's job model, for its EasyScale-format workloads "
                         "(models/easyscale.py: jobs of epochs x 1 %% of their data set in samples, compute time "
@@ -152,6 +155,11 @@ def load(args, data, mapping) -> tuple:
     else:
         raise UsageError(f"no workload file {args.workload}: pass --workload with a path, or one inside the data "
                          f"folder {data} (e.g. pollux/workloads/workload-6.csv)")
+    if args.applications is not None:
+        if any(s.app is not None for s in specs):
+            raise UsageError(f"--applications: {args.workload} names its jobs' applications already; it draws them "
+                             "for the Philly trace's, which have none")
+        specs = workload.with_applications(specs, Applications(data), seed=args.applications)
     try:
         specs, used = workload.with_stand_ins(specs, mapping)
     except ValueError as e:

@@ -250,7 +250,8 @@ def validate(specs, policy, cluster, job_model="project", apps=None):
                              "--calibration none")
     if policy.profiled and any(s.app is None for s in specs):
         raise ValueError(f"{policy.name} needs jobs of profiled applications; this workload has trace jobs "
-                         f"(duration only): use fifo, yarn-cs or tiresias")
+                         f"(duration only): use fifo, yarn-cs or tiresias, or draw their applications "
+                         f"(workload.with_applications; easyscale simulate --applications SEED)")
     if policy.one_gpu_type and not cluster.homogeneous:
         raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
     largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type

@@ -12,6 +12,7 @@ from easyscale_ext.cli.main import UsageError
 from easyscale_ext.sched.policies import POLICIES
 
 WORKLOAD = "pollux/workloads/workload-6.csv"  # inside the data folder
+PHILLY = "pollux/traces/philly.csv"
 
 
 def easyscale(tmp_path, *argv):
@@ -42,6 +43,9 @@ def unknown_apps(tmp_path):
     (["--workload", "{unknown}", "--map", "gpt9=nothing"], "--map gpt9=nothing: expected APP=PROFILED"),
     (["--workload", WORKLOAD, "--data", "/nonexistent"], "no scheduling traces at /nonexistent"),
     (["--workload", WORKLOAD, "--calibration", "easyscale"], "EasyScale's job model runs EasyScale-format workloads"),
+    (["--workload", PHILLY, "--policy", "sia"], "or draw their applications (workload.with_applications; "
+                                                "easyscale simulate --applications SEED)"),
+    (["--workload", WORKLOAD, "--applications", "0"], "names its jobs' applications already"),
     (["--workload", "easyscale/workloads/test.csv", "--calibration", "easyscale", "--policy", "pollux"],
      "pollux tunes batch sizes, which EasyScale's job model fixes"),
 ])
@@ -100,6 +104,15 @@ def test_easyscales_calibration_keeps_its_settings_and_a_repeated_names_last_row
     assert len(record["jobs"]) == 62
     assert {k: record["config"][k] for k in ("job_model", "start_s", "restart_s", "round_s")} == \
         {"job_model": "easyscale", "start_s": 20.0, "restart_s": 0.0, "round_s": 60.0}
+
+
+def test_the_philly_trace_runs_under_a_profiled_policy_with_drawn_applications(tmp_path):
+    assert simulate_cli.main(parse("--workload", PHILLY, "--limit", "12", "--applications", "3", "--policy", "sia",
+                                   "--cluster", "2x4:t4,1x8:a100", "--out", str(tmp_path))) == 0
+    jobs = json.loads((tmp_path / "philly-sia.json").read_text())["jobs"]
+    assert len(jobs) == 12 and all(j["completion"] is not None for j in jobs)
+    assert {j["name"].rsplit("-philly-", 1)[0] for j in jobs} <= {"cifar10", "ncf", "bert", "deepspeech2",
+                                                                  "yolov3", "imagenet"}
 
 
 def test_runs_of_other_policies_write_their_own_files(tmp_path):
