@@ -106,13 +106,14 @@ def test_easyscales_calibration_keeps_its_settings_and_a_repeated_names_last_row
         {"job_model": "easyscale", "start_s": 20.0, "restart_s": 0.0, "round_s": 60.0}
 
 
-def test_the_philly_trace_runs_under_a_profiled_policy_with_drawn_applications(tmp_path):
-    assert simulate_cli.main(parse("--workload", PHILLY, "--limit", "12", "--applications", "3", "--policy", "sia",
-                                   "--cluster", "2x4:t4,1x8:a100", "--out", str(tmp_path))) == 0
-    jobs = json.loads((tmp_path / "philly-sia.json").read_text())["jobs"]
-    assert len(jobs) == 12 and all(j["completion"] is not None for j in jobs)
-    assert {j["name"].rsplit("-philly-", 1)[0] for j in jobs} <= {"cifar10", "ncf", "bert", "deepspeech2",
-                                                                  "yolov3", "imagenet"}
+def test_the_philly_trace_runs_under_a_profiled_policy_with_drawn_applications(capsys):
+    """The README's command, as written."""
+    argv = ("--workload pollux/traces/philly.csv --limit 12 --applications 0 --policy tiresias,sia "
+            "--cluster 2x4:t4,1x8:a100").split()
+    assert simulate_cli.main(parse(*argv)) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[-2:]}
+    assert rows.keys() == {"tiresias", "sia"}
+    assert all(0 < float(cells[0]) < float("inf") for cells in rows.values())  # every job finished: a finite JCT
 
 
 def test_runs_of_other_policies_write_their_own_files(tmp_path):
