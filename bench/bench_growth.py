@@ -108,14 +108,14 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
         cpu = time.process_time() - begin
-        reached = timed.times[-1]
-        last = timed.clock[-1000:]
+        reached = timed.times[-1] if timed.times else 0.0
+        last = timed.clock[-1000:] or [begin]
         rate = (last[-1] - last[0]) / max(len(last) - 1, 1)
         # Stopped: at least the rounds to the last arrival at the rate of the last 1,000 (the load varies by day).
         whole = f"{cpu:.0f}" if finished else f">= {cpu + rate * max(span - reached, 0) / round_s:.0f}"
         label = f"{name} (T4 only)" if t4_only else name
         print(f"| {label} | {len(timed.seconds)} | {reached / 86400:.1f} d{'' if finished else ' (stopped)'} | "
-              f"{cpu:.0f} | {sum(timed.seconds):.0f} | {statistics.mean(timed.active):.0f} / {max(timed.active)} | "
+              f"{cpu:.0f} | {sum(timed.seconds):.0f} | {statistics.mean(timed.active or [0]):.0f} / {max(timed.active or [0])} | "
               f"{rate:.3g} | {whole} |", flush=True)
 
 

@@ -13,9 +13,9 @@ from easyscale_ext.sched.models.traces import ENV_VAR, data_dir, read_csv
 from easyscale_ext.sched.models.job import isolated_runtime
 from easyscale_ext.sched.models.workload import (APPLICATIONS_BY_GPU_HOURS, JobSpec, load_workload, unique_names,
                                                  with_applications, with_stand_ins)
-from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.policies.easyscale import EasyScalePolicy
 from easyscale_ext.sched.policies.fifo import FifoPolicy
+from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.simulator import simulate, validate
 
 
