@@ -199,7 +199,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
     arrivals = [max(0.0, j["arrival"] + (shift.uniform(-jitter, jitter) if jitter else 0.0)) for j in result.jobs]
     # each job as the scheduler modelled it (sched.live: D2, so it may span types), known to last one short epoch
     specs = [replace(live.job_model(j["name"], at, VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
-                                    heterogeneous=True).spec, epochs=1) for j, at in zip(result.jobs, arrivals)]
+                                    d2=True).spec, epochs=1) for j, at in zip(result.jobs, arrivals)]
     cluster = Cluster.parse(CLUSTER)
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}

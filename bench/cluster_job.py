@@ -1,6 +1,7 @@
 """A job of bench_cluster.py: a real EasyScaleDDP job (a small CNN on random data, 4 virtual workers) in which
 every process pads its step to the time its application's profile gives for its share of the virtual workers
-on its slot's type ($EASYSCALE_SLOT_TYPE), the job holding the slots it holds: this machine has no GPUs, so
+on its slot's type ($EASYSCALE_SLOT_TYPE), the job holding the slots it holds (at D2, D2's cost included, as the
+scheduler's model of a D2 job has it): this machine has no GPUs, so
 device time is emulated (on several types the step lasts as long as the slowest process's, and the balancer
 moves virtual workers by the measured times), times SCALE (default 1: profiled steps on fast types are shorter
 than this CPU's own work for them). Rank 0 appends `step processes start end` per step to LOG, and prints the
@@ -62,7 +63,7 @@ def train_step(step):
     lo, hi = ddp.ranges[dist.get_rank()]
     if (tuple(slots), hi - lo) not in profiled:
         groups = tuple((t, placement_of([n for tn, n in slots if tn == t])) for t in dict.fromkeys(t for t, _ in slots))
-        profiled[tuple(slots), hi - lo] = scale * gpu_step(app, local_bsz, groups, slot_type, hi - lo)
+        profiled[tuple(slots), hi - lo] = scale * gpu_step(app, local_bsz, groups, slot_type, hi - lo, level == "D2")
     time.sleep(max(0.0, profiled[tuple(slots), hi - lo] - (time.time() - start)))
     if dist.get_rank() == 0:
         with open(log_path, "a") as log:

@@ -142,33 +142,46 @@ class Scheduler:
             raise ValueError(f"need 1 <= min procs ({min_procs}) <= max procs ({max_procs}) <= virtual workers "
                              f"({virtual_workers})")
         env = dict(env or {}, **determinism.environment(level, isa))  # a ValueError names a bad level or isa
-        slots, types = slot_nodes(), slot_types(self.slot_type)
-        by_type = Counter()
-        for n, count in slots.items():
-            by_type[types[n]] += count
-        # a job runs on one device type unless it runs at D2 under a policy that mixes types
-        spans = determinism.ISA_ENV in env and self.policy.mixes_types
-        total = sum(by_type.values()) if spans else max(by_type.values())
-        if min_procs > total:
-            of = "" if spans or len(by_type) == 1 else \
-                " of one type (a policy that mixes types may span them with a job at --level D2)"
-            raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}{of}: "
-                             "lower --min-procs or add nodes")
-        max_procs = min(max_procs, total)  # a job asking for more than there is would wait forever, and all behind it
         if application is not None:
             try:
-                self.apps[application]
+                app = self.apps[application]
             except KeyError:
                 raise ValueError(f"no profiled application {application!r}: give one of "
                                  f"{', '.join(sorted(EPOCHS))}") from None
         elif self.policy.profiled:
             raise ValueError(f"the {self.policy_name} policy models each job by its application: submit with "
                              f"--application APP (one of {', '.join(sorted(EPOCHS))})")
+        else:
+            app = None
+        slots, types = slot_nodes(), slot_types(self.slot_type)
+        by_type = Counter()
+        for n, count in slots.items():
+            by_type[types[n]] += count
+        # the job runs on one device type unless the policy may span it (a job at D2, under a policy that mixes
+        # types): asked of the model the policy will see
+        d2 = determinism.ISA_ENV in env
+        spans = self.policy.spans_types(live.job_model("", 0.0, virtual_workers, max_procs, app, batch_size,
+                                                       self.policy, d2))
+        total = sum(by_type.values()) if spans else max(by_type.values())
+        if min_procs > total:
+            raise ValueError(f"the job needs at least {min_procs} slots and the cluster has {total}"
+                             f"{'' if spans or len(by_type) == 1 else self._one_type_only(d2)}: lower --min-procs "
+                             "or add nodes")
+        max_procs = min(max_procs, total)  # a job asking for more than there is would wait forever, and all behind it
         name = name or os.path.splitext(os.path.basename(script))[0]
         job_id = self.table.add(name, list(argv), env, virtual_workers, min_procs, max_procs,
                                 application, batch_size, logs=os.path.join(self.state_dir, "logs"))
         self.wake.set()  # decide now, not at the next round
         return job_id
+
+    def _one_type_only(self, d2: bool) -> str:
+        """Why a job may use one type of the cluster's only."""
+        if not d2:
+            return " of one type (a job spans types only at --level D2, under a policy that mixes them)"
+        if not self.policy.mixes_types:
+            return f" of one type ({self.policy_name} keeps every job on one type; policies that mix types, " \
+                   "easyscale-heter and ours, may span them)"
+        return f" of one type ({self.policy_name} keeps this job's application on one type)"
 
     def cancel(self, job_id: str) -> None:
         job = self._job(job_id)
@@ -371,7 +384,7 @@ class Scheduler:
                 self.models[job["id"]] = live.job_model(job["id"], job["submitted"] - self.t0,
                                                         job["virtual_workers"], job["max_procs"], app,
                                                         job["batch_size"], self.policy,
-                                                        heterogeneous=determinism.ISA_ENV in job["env"])
+                                                        d2=determinism.ISA_ENV in job["env"])
                 if job["nodes"]:  # a job taken back after a restart
                     live.place(self.models[job["id"]], self._groups(job["nodes"]))
             self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])

@@ -23,14 +23,15 @@ class ElasticTraceJob(TraceJob):
 
 
 def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, app=None, batch_size=None,
-              policy=None, heterogeneous: bool = False):
+              policy=None, d2: bool = False):
     """The model of a submitted job: a profiled application's (with `app`) or else a trace job of unknown
-    length that asks for `max_procs` slots. `heterogeneous`: it runs at D2, so it may span device types."""
+    length that asks for `max_procs` slots. `d2`: it runs at D2, so it may span device types, and its steps cost
+    D2's compute on one type too."""
     if app is None:
-        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf"), heterogeneous=heterogeneous))
+        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf"), heterogeneous=d2))
     batch = batch_size or virtual_workers * max(1, app.init_batch_size // virtual_workers)
     spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers,
-                   heterogeneous=heterogeneous)
+                   heterogeneous=d2, runs_d2=d2)
     tuned = policy.batch_size(spec, app) if policy is not None else batch
     job = make_job(spec, {app.name: app}, tuned)
     job.per_type_fit = policy is not None and policy.per_type_models  # as the simulator makes it

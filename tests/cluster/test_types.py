@@ -1,7 +1,7 @@
 """Device types on a real two-node Ray cluster of two types (this machine emulates them: the second type's node runs
 its processes one instruction set below this CPU's, so a job's bits differ between the types unless it runs at D2).
-A D2 job spanning both types, and a D2 job suspended on one type and resumed on the other at another size, end
-with their fixed-size run's bits."""
+A D2 job spanning both types, EasyScale's policy spreading one over both, and a D2 job suspended on one type and
+resumed on the other at another size, end with their fixed-size run's bits."""
 import re
 import sys
 import time
@@ -89,5 +89,30 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert ended["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]
         assert (tmp_path / "hash").read_text() == fixed("D2", steps=12)
+    finally:
+        stop(scheduler)
+
+
+def test_easyscale_heter_admits_and_spreads_a_d2_job_over_both_types_bitwise(typed, tmp_path):
+    """The README's two-type cluster under EasyScale's heterogeneous policy: a D2 job that needs 3 of the 4 slots
+    is admitted and starts on both types (EasyScale starts jobs on one GPU: the limits top it up), grows onto all
+    4 where its model steps faster so (DeepSpeech2), and ends with its fixed-size run's bits; a D0 job cannot span
+    types, so the same minimum is refused, saying why."""
+    scheduler = launch(str(tmp_path / "state"), "easyscale-heter", 0.5)
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError, match="a job spans types only at --level D2"):
+            ray.get(scheduler.submit.remote(job_argv(tmp_path / "d0", 4), 4, 3, 4, "d0", ENV, "deepspeech2"))
+        argv = job_argv(tmp_path / "hash", 4, steps=40) + ["--level", "D2"]
+        job = ray.get(scheduler.submit.remote(argv, 4, 3, 4, "spread", ENV, "deepspeech2", None, "D2"))
+        types = dict(zip(typed.node_ids(), ("t4", "a100")))
+        held, deadline = [], time.monotonic() + 240
+        while (status := ray.get(scheduler.status.remote(job))[0])["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, f"did not end: {status}"
+            held.append(sorted(types[n] for n in status["nodes"]))
+            time.sleep(0.2)
+        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
+        assert status["state"] == "finished", log[-2000:]
+        assert ["a100", "a100", "t4", "t4"] in held and all(len(h) >= 3 for h in held if h), held
+        assert (tmp_path / "hash").read_text() == fixed("D2", steps=40)
     finally:
         stop(scheduler)

@@ -45,10 +45,51 @@ def test_a_changed_running_job_goes_back_only_where_it_over_fills_a_node():
     assert result == {"a": (0,), "b": (1, 1), "c": (0,)}
 
 
-def test_limits_cap_an_allocation_and_drop_a_start_below_the_minimum():
+def test_limits_cap_an_allocation_and_top_up_a_start_below_the_minimum_where_slots_are_free():
     policy = Limits(Fixed({"a": (0, 0, 1), "b": (1,)}))
     policy.limits = {"a": (1, 2), "b": (2, 4)}
-    assert policy.optimize(0, jobs("a", "b"), CLUSTER, {}) == {"a": (0, 0)}
+    assert policy.optimize(0, jobs("a", "b"), CLUSTER, {}) == {"a": (0, 0), "b": (1, 1)}
+    policy.limits = {"a": (1, 3), "b": (2, 4)}  # one slot left for b, which needs two: it does not start
+    assert policy.optimize(0, jobs("a", "b"), CLUSTER, {}) == {"a": (0, 0, 1)}
+
+
+TWO_TYPES = Cluster.parse("1x2:a100,1x2:t4")
+
+
+@pytest.mark.parametrize("name, d2, spans", [("easyscale-heter", True, True), ("ours", True, True),
+                                             ("easyscale-heter", False, False), ("easyscale-homo", True, False),
+                                             ("sia", True, False)])
+def test_a_job_that_needs_more_slots_than_one_type_has_starts_where_the_policy_may_span_it(name, d2, spans):
+    """A job at D2 of minimum 3 on two types of 2 slots each: what `submit` admits (the policy's spans_types) is
+    what starts in the first round. EasyScale starts every job on one GPU; ours would give a CNN two A100s."""
+    apps = Applications(data_dir())
+    policy = Limits(POLICIES[name](0))
+    job = live.job_model("j", 0.0, 8, 8, apps["cifar10"], None, policy, d2=d2)
+    policy.limits = {"j": (3, 8)}
+    assert policy.spans_types(job) == spans
+    decided = policy.optimize(0.0, [job], TWO_TYPES, {})
+    if spans:
+        assert len(decided["j"]) == 3 and {TWO_TYPES.types[n] for n in decided["j"]} == {"a100", "t4"}, decided
+    else:
+        assert decided == {}
+
+
+def test_easyscale_spreads_a_d2_job_over_both_types_where_its_model_runs_it_faster():
+    """A job at D2 pays D2 on one type too, so EasyScale's model weighs a spread fairly: DeepSpeech2 of 4 virtual
+    workers steps faster on 2 A100 + 2 T4 slots than on the 2 A100s, and grows onto all four, one increment a
+    round (CIFAR-10 does not: two of its workers on an A100 beat one on a T4)."""
+    apps = Applications(data_dir())
+    policy = Limits(POLICIES["easyscale-heter"](0))
+    held = {}
+    for app in ("deepspeech2", "cifar10"):
+        job = live.job_model("j", 0.0, 4, 4, apps[app], None, policy, d2=True)
+        allocations = {}
+        for round_ in range(4):
+            allocations = policy.optimize(round_ * 5.0, [job], TWO_TYPES, allocations)
+            live.place(job, TWO_TYPES.groups(allocations["j"]))
+            live.follow(job, round_ * 5.0 + 5.0, 5.0, runs=True)
+        held[app] = sorted(allocations["j"])
+    assert held == {"deepspeech2": [0, 0, 1, 1], "cifar10": [0, 0]}, held
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -105,9 +146,12 @@ def test_a_job_put_back_that_over_fills_another_node_displaces_the_start_there()
 def test_a_running_job_the_policy_stops_is_preempted_and_its_slots_go_to_the_policys_choice():
     policy = Limits(Fixed({"new": (0, 0, 1)}))  # the default: policies run as they are, preemptions included
     assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"new": (0, 0, 1)}
+    policy = Limits(Fixed({"old": (0,), "new": (0, 1, 1)}))
+    policy.limits = {"old": (2, 4)}  # below its minimum, with one slot free: preempted too
+    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0, 1)}) == {"new": (0, 1, 1)}
     policy = Limits(Fixed({"old": (0,)}))
-    policy.limits = {"old": (2, 4)}  # below its minimum: preempted too
-    assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {}
+    policy.limits = {"old": (2, 4)}  # with slots free, it keeps its minimum
+    assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {"old": (0, 0)}
 
 
 def test_the_old_nonpreemptive_name_still_works_and_says_what_replaced_it():

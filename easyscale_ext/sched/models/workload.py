@@ -27,6 +27,7 @@ class JobSpec:
     duration: Optional[float] = None
     virtual_workers: Optional[int] = None  # EasyScale's max_parallelism: at most this many GPUs, any split
     heterogeneous: bool = False  # may mix GPU types (D2)
+    runs_d2: bool = False  # runs at D2 on any GPUs (a cluster job submitted at --level D2), not only when mixing
     preferred_gpu: Optional[str] = None
     epochs: Optional[int] = None  # None: the application's
     freeze: bool = False  # opts in to layer freezing (models/freezing.py; a workload's optional `freeze` column)

@@ -19,6 +19,11 @@ class Policy:
     mixes_types = False  # may run a job on several GPU types at once (virtual workers at D2, job.mixed_step)
     per_type_models = False  # its jobs tune their batch with a model per GPU type (AppJob.per_type_fit)
 
+    def spans_types(self, job) -> bool:
+        """Whether it may give `job` (a job model) GPUs of several types at once: what a cluster admits the job
+        by (a job that spans may ask for more slots than one type has)."""
+        return self.mixes_types and job.spec.heterogeneous
+
     def batch_size(self, spec, app):
         """The global batch the job runs with: the user's, unless the policy tunes it (None)."""
         return spec.batch_size

@@ -26,6 +26,7 @@ class EasyScalePolicy(Policy):
 
     def __init__(self, heterogeneous: bool = True, max_waste: float = MAX_WASTE):
         self.heterogeneous, self.max_waste = heterogeneous, max_waste
+        self.mixes_types = heterogeneous
         self.name = "easyscale-heter" if heterogeneous else "easyscale-homo"
 
     def optimize(self, now, jobs, cluster, allocations):
@@ -61,7 +62,7 @@ class EasyScalePolicy(Policy):
         fastest = sorted(room, key=lambda t: self.step(job, {t: 1})[0])
         free = [t for t in fastest if room[t] > 0] or fastest
         first = job.spec.preferred_gpu or (held[0] if len(held) == 1 else free[0])
-        if not (self.heterogeneous and job.spec.heterogeneous):
+        if not self.spans_types(job):
             return [first]
         return [first] + [t for t in fastest if t != first]
 

@@ -6,9 +6,10 @@ job opts in).
 - Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
   by the GPUs' measured speeds (job.mixed_step: placement.optimal_split, D2's measured cost, EasyScale's waste).
   Sia keeps a job on one type. Besides Sia's one-type configurations, a job whose D2 costs at most 10 %
-  (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs) is offered pairs of any two of the
-  cluster's types: g1 GPUs of the type faster for it and g2 of the slower, each a count Sia would offer on that
-  type, g1 + g2 within what one type may grow to (below). The program values a pair as the job's modelled goodput
+  (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs), or that pays D2 on one type too (a
+  cluster job submitted at --level D2), is offered pairs of any two of the cluster's types: g1 GPUs of the type
+  faster for it and g2 of the slower, each a count Sia would offer on that type, g1 + g2 within what one type may
+  grow to (below). The program values a pair as the job's modelled goodput
   on g1 + g2 GPUs of the fast type (its best batch there), times that batch's step time on g1 + g2 fast GPUs over
   its step time on the pair (both job.mixed_step on the profiles); a pair worth no more than either part alone is
   not offered. Each part counts on its type's GPUs.
@@ -82,11 +83,16 @@ class OursPolicy(SiaPolicy):
 
     def _configs(self, job, types, counts, per_node) -> dict:
         goodput = {((t, g),): v for (t, g), v in self._goodputs(job, types, counts, per_node).items()}
-        if self.mixed and len(types) > 1 and job.spec.heterogeneous and not job.app.single_gpu \
-                and job.app.d2_cost <= D2_MAX_COST:
+        if len(types) > 1 and self.spans_types(job):
             goodput.update(self._pairs(job, types, counts, per_node, goodput))
         least = min((v for v in goodput.values() if v > 0), default=1.0) / self._weights.get(job.name, 1.0)
         return {c: v / least for c, v in goodput.items() if v > 0}
+
+    def spans_types(self, job) -> bool:
+        """A job that may run at D2, of more than one GPU, where D2 is cheap or paid anyway (it runs at D2 on one
+        type too)."""
+        return self.mixed and job.spec.heterogeneous and not job.app.single_gpu and (
+            job.spec.runs_d2 or job.app.d2_cost <= D2_MAX_COST)
 
     def _pairs(self, job, types, counts, per_node, single) -> dict:
         """Goodput of each two-type configuration worth more than either part alone (module docstring)."""
@@ -110,8 +116,8 @@ class OursPolicy(SiaPolicy):
                 if v <= 0 or m < 1:
                     continue
                 mixed = mixed_step(app, workers, int(m), ((fast, packed(a, per_node[fast])),
-                                                          (other, packed(b, per_node[other]))))
-                alone = mixed_step(app, workers, int(m), ((fast, packed(a + b, per_node[fast])),))
+                                                          (other, packed(b, per_node[other]))), job.spec.runs_d2)
+                alone = mixed_step(app, workers, int(m), ((fast, packed(a + b, per_node[fast])),), job.spec.runs_d2)
                 value = float(v) * alone / mixed
                 if value > max(single.get(((fast, a),), 0.0), single.get(((other, b),), 0.0)):
                     out[(fast, a), (other, b)] = value
