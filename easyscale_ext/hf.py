@@ -9,14 +9,18 @@ steps are EasyScale's:
   virtual worker) through the Trainer's data collator, shuffled with `args.data_seed` (else `args.seed`);
 - `training_step` runs the Trainer's own step (forward, loss, backward) once per local virtual worker, with that
   worker's context switched in; the last backward exchanges the canonical sum, and the step's loss is the mean of
-  this process's workers' losses.
+  this process's workers' losses. With `gradient_accumulation_steps=G`, the Trainer divides each worker's loss by
+  G and each worker's gradients accumulate in its own context (EasyScaleDDP.no_sync) until the G-th batch
+  exchanges the sum: G x N micro-batches make one optimizer step on any number of processes.
 Checkpoints carry every virtual worker's context (`easyscale_contexts.pt` beside the Trainer's files), so
 `trainer.train(resume_from_checkpoint=...)` resumes on any number of processes with an uninterrupted run's bits;
 the Trainer's per-process RNG files are not restored (the contexts hold every worker's streams). Refused, naming
-the setting: more processes than virtual workers, `gradient_accumulation_steps` above 1, and a resume from a
-checkpoint written inside an epoch (use `save_strategy="epoch"`).
+the setting: more processes than virtual workers, and a resume from a checkpoint written inside an epoch (use
+`save_strategy="epoch"`).
 """
 import atexit
+import contextlib
+import math
 import os
 
 import torch
@@ -50,10 +54,6 @@ class EasyScaleTrainer(Trainer):
             raise ValueError(f"EasyScaleTrainer(virtual_world_size={virtual_world_size}) runs on at most "
                              f"{virtual_world_size} process{'es' if virtual_world_size > 1 else ''}; torchrun "
                              f"started {self.args.world_size}: start fewer or raise virtual_world_size")
-        if self.args.gradient_accumulation_steps != 1:
-            raise ValueError(f"TrainingArguments(gradient_accumulation_steps={self.args.gradient_accumulation_steps})"
-                             " cannot be honoured by EasyScaleTrainer: each step already runs every virtual "
-                             "worker's micro-batch; raise virtual_world_size or per_device_train_batch_size instead")
         self._ddp = None
         if dist.is_initialized():
             # Accelerate leaves torchrun's group alive into interpreter shutdown, where a gloo worker thread can
@@ -102,8 +102,11 @@ class EasyScaleTrainer(Trainer):
         return loader
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        losses = [super(EasyScaleTrainer, self).training_step(model, batch, num_items_in_batch)
-                  for batch in model.workers(inputs)]
+        # A batch that accumulates keeps each worker's gradients, on one process too (where Accelerate's no_sync,
+        # which the Trainer enters, does nothing).
+        with contextlib.nullcontext() if self.accelerator.sync_gradients else model.no_sync():
+            losses = [super(EasyScaleTrainer, self).training_step(model, batch, num_items_in_batch)
+                      for batch in model.workers(inputs)]
         return torch.stack(losses).mean()
 
     def floating_point_ops(self, inputs) -> int:
@@ -135,8 +138,8 @@ class EasyScaleTrainer(Trainer):
                              "from its weights with from_pretrained instead of resume_from_checkpoint")
         saved = read_verified(path)
         check_header(saved, self._ddp, path)
-        step, steps = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step, \
-            len(self.get_train_dataloader())
+        step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+        steps = math.ceil(len(self.get_train_dataloader()) / self.args.gradient_accumulation_steps)  # an epoch's
         if step % steps:
             raise ValueError(f"{checkpoint} was written inside an epoch (step {step}, {steps} steps an epoch): "
                              "EasyScaleTrainer resumes from epoch ends; save with save_strategy='epoch'")

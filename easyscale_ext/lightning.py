@@ -5,20 +5,24 @@ DDP's place, so an unchanged LightningModule trains with the same bits on any nu
 - the training DataLoader is rebuilt as EasyScaleDDP's loader (`VirtualDataLoader`): every step yields each of this
   process's virtual workers its DistributedSampler(num_replicas=N) share; the dataset, batch size, workers and
   collate function are the user's, shuffling and its seed those of the sampler Lightning's DDP would use;
-- each optimizer step runs `training_step` once per local virtual worker, with that worker's context switched in
+- each training batch runs `training_step` once per local virtual worker, with that worker's context switched in
   (its RNG streams, its buffers), and its backward; the last worker's backward exchanges the canonical sum.
   Lightning's closure zeroes the gradients between `training_step` and its backward: the reduced gradients are
   held aside over that zeroing and handed back in `backward`, after which Lightning's own hooks, clipping and
   optimizer step run as under DDP;
+- with `accumulate_grad_batches=G`, an optimizer step takes G batches: each virtual worker's loss is divided by G,
+  as Lightning divides a DDP rank's, and its gradients accumulate in its own context (EasyScaleDDP.no_sync, which
+  Lightning enters as DDP's) until the last batch exchanges the sum; so G x N micro-batches make one step on any
+  number of processes;
 - checkpoints carry every virtual worker's context (gathered on rank 0 under `"easyscale"`), checked on resume as
   EasyScale's own checkpoints are (same N, determinism level, buffers setting and model), so `trainer.fit(...,
   ckpt_path=...)` resumes on any P. Between steps a process is its first virtual worker, as a DDP rank is its own:
   `training_step`'s returned loss and the LightningModule's state are that worker's.
-What it refuses, with the setting to change: more processes than virtual workers, `accumulate_grad_batches` above
-1 (virtual workers already split each step; raise N or the batch), manual optimization, `sync_batchnorm`, DDP
-communication hooks, a training sampler other than Lightning's or torch's own.
+What it refuses, with the setting to change: more processes than virtual workers, manual optimization,
+`sync_batchnorm`, DDP communication hooks, a training sampler other than Lightning's or torch's own.
 """
 from collections.abc import Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Optional
 
@@ -59,6 +63,8 @@ class EasyScaleStrategy(DDPStrategy):
         self.virtual_world_size = virtual_world_size
         self.determinism_level = determinism_level
         self._reduced = []  # (parameter, reduced gradient) held over the closure's zero_grad
+        self._blocked = False  # this batch accumulates (block_backward_sync)
+        self._accumulating = False  # the last batch accumulated: the window's gradients are kept
 
     # -- setup -------------------------------------------------------------------------------------------------
     def setup(self, trainer) -> None:
@@ -70,10 +76,6 @@ class EasyScaleStrategy(DDPStrategy):
                              f"num_nodes={self.num_nodes}) starts {processes}: lower devices or raise "
                              "virtual_world_size")
         if trainer.state.fn == TrainerFn.FITTING:
-            if trainer.accumulate_grad_batches != 1:
-                raise ValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) cannot be "
-                                 "honoured by EasyScaleStrategy: each step already runs every virtual worker's "
-                                 "micro-batch; raise virtual_world_size or the DataLoader's batch_size instead")
             if not trainer.lightning_module.automatic_optimization:
                 raise ValueError("EasyScaleStrategy runs automatic optimization only (it calls each virtual "
                                  "worker's backward itself): remove `automatic_optimization = False`")
@@ -108,11 +110,22 @@ class EasyScaleStrategy(DDPStrategy):
             dataloader.generator = torch.Generator().manual_seed(0)
         return dataloader
 
-    # -- one optimizer step ------------------------------------------------------------------------------------
+    # -- one training batch ------------------------------------------------------------------------------------
+    @contextmanager
+    def block_backward_sync(self):
+        """A batch that accumulates: each virtual worker keeps its gradients for the window's last batch."""
+        with self.model.no_sync():
+            self._blocked = True
+            try:
+                yield
+            finally:
+                self._blocked = False
+
     def training_step(self, step_batches, *args, **kwargs):
         module, optimizer = self.lightning_module, (self.optimizers or [None])[0]
-        for p in self.model.parameters():
-            p.grad = None  # the zero_grad Lightning runs only after this, before its backward
+        if not self._accumulating:  # a window's first batch: the zero_grad Lightning runs only after this one
+            for p in self.model.parameters():
+                p.grad = None
         first = None
         for batch in self.model.workers(step_batches):
             output = super().training_step(batch, *args, **kwargs)
@@ -120,9 +133,11 @@ class EasyScaleStrategy(DDPStrategy):
             if not isinstance(loss, torch.Tensor):
                 raise ValueError("under EasyScaleStrategy every virtual worker's training_step must return its loss "
                                  "(a tensor, or a dict with 'loss'); skipping a step is not supported")
-            self.precision_plugin.backward(self.precision_plugin.pre_backward(loss, module), module, optimizer)
+            scaled = loss / module.trainer.accumulate_grad_batches  # as Lightning's closure divides it
+            self.precision_plugin.backward(self.precision_plugin.pre_backward(scaled, module), module, optimizer)
             if first is None:
                 first = {**output, "loss": loss.detach()} if isinstance(output, Mapping) else loss.detach()
+        self._accumulating = self._blocked
         self._reduced = [(p, p.grad) for p in self.model.parameters()]
         for p, _ in self._reduced:
             p.grad = None  # over the closure's zero_grad

@@ -3,10 +3,12 @@
     torchrun --nproc-per-node 2 examples/train_hf.py              # 4 virtual workers on 2 processes
     python examples/train_hf.py --save --out run                  # 1 process; run/checkpoint-16 and -32
     torchrun --nproc-per-node 4 examples/train_hf.py --out run2 --resume run/checkpoint-16
+    torchrun --nproc-per-node 2 examples/train_hf.py --accumulate 2   # an optimizer step every 2 batches
 
 A small BERT built from its config (random weights, dropout and attention as in any BERT; nothing is downloaded)
 classifies generated token sequences. Process 0 prints the trained state's SHA-256 (parameters, buffers,
-optimizer state): the same on 1, 2 or 4 processes, and after a restart from a checkpoint on another number.
+optimizer state): the same on 1, 2 or 4 processes, and after a restart from a checkpoint on another number (with
+--accumulate too).
 """
 import argparse
 
@@ -39,6 +41,8 @@ def main():
     parser.add_argument("--out", default="hf-run", help="the Trainer's output folder (its checkpoints, with --save)")
     parser.add_argument("--save", action="store_true", help="save a checkpoint at each epoch's end")
     parser.add_argument("--resume", default=None, help="a checkpoint folder to resume from, on any number of processes")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step "
+                        "(gradient_accumulation_steps)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -46,6 +50,7 @@ def main():
                         intermediate_size=64, max_position_embeddings=32, num_labels=2)
     model = BertForSequenceClassification(config)
     training = TrainingArguments(output_dir=args.out, per_device_train_batch_size=8, num_train_epochs=args.epochs,
+                                 gradient_accumulation_steps=args.accumulate,
                                  learning_rate=1e-3, seed=0, use_cpu=True, report_to=[],
                                  save_strategy="epoch" if args.save else "no", eval_strategy="epoch",
                                  logging_strategy="no", disable_tqdm=True)

@@ -3,9 +3,10 @@
     python examples/train_lightning.py --devices 2                  # 4 virtual workers on 2 processes
     python examples/train_lightning.py --devices 1 --epochs 1 --ckpt-dir ckpt
     python examples/train_lightning.py --devices 4 --resume ckpt/last.ckpt
+    python examples/train_lightning.py --devices 2 --accumulate 2   # an optimizer step every 2 batches
 
 On rank 0 it prints the trained state's SHA-256 (parameters, buffers, optimizer state): the same for --devices
-1, 2 or 4, and after a restart from a checkpoint on another number of processes.
+1, 2 or 4, and after a restart from a checkpoint on another number of processes (with --accumulate too).
 """
 import argparse
 
@@ -47,6 +48,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--ckpt-dir", default=None, help="save a checkpoint at each epoch's end here (last.ckpt)")
     parser.add_argument("--resume", default=None, help="a checkpoint to resume from, on any --devices")
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="batches per optimizer step (accumulate_grad_batches)")
     args = parser.parse_args()
 
     L.seed_everything(0)
@@ -55,7 +58,8 @@ def main():
     train, val = torch.utils.data.random_split(data, [1500, 297], generator=torch.Generator().manual_seed(0))
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True)] if args.ckpt_dir else []
     trainer = L.Trainer(strategy=EasyScaleStrategy(virtual_world_size=args.virtual_workers), accelerator="cpu",
-                        devices=args.devices, max_epochs=args.epochs, callbacks=callbacks,
+                        devices=args.devices, max_epochs=args.epochs, accumulate_grad_batches=args.accumulate,
+                        callbacks=callbacks,
                         enable_checkpointing=bool(args.ckpt_dir), logger=False, enable_progress_bar=False,
                         enable_model_summary=False)
     model = DigitsClassifier()

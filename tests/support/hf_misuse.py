@@ -27,7 +27,6 @@ model = BertForSequenceClassification(BertConfig(vocab_size=16, hidden_size=8, n
                                                  max_position_embeddings=16))
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True,
                          report_to=[], disable_tqdm=True, logging_strategy="no",
-                         gradient_accumulation_steps=2 if mode == "accumulate" else 1,
                          save_strategy="steps" if mode == "mid-epoch" else "no", save_steps=3)
 trainer = EasyScaleTrainer(model=model, args=args, train_dataset=Sequences(), virtual_world_size=2)
 if mode != "exit":

@@ -32,6 +32,6 @@ trainer = L.Trainer(strategy=EasyScaleStrategy(virtual_world_size=2, **({"ddp_co
                                                                         else {})),
                     accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False,
-                    accumulate_grad_batches=2 if mode == "accumulate" else 1, sync_batchnorm=mode == "syncbn",
+                    sync_batchnorm=mode == "syncbn",
                     use_distributed_sampler=mode != "sampler")
 trainer.fit(Model(manual=mode == "manual"), loader)
