@@ -141,6 +141,8 @@ def _init_ray(address: str, advice: str, timeout_s: float = 20.0) -> None:
 
     def join():
         try:
+            # ray.init retries a token the cluster refuses until our timeout; one call to its GCS says at once
+            ray._raylet.GcsClient(address=address)
             ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
         except Exception as e:  # noqa: BLE001 (raised in the caller's thread)
             failure.append(e)
@@ -149,6 +151,10 @@ def _init_ray(address: str, advice: str, timeout_s: float = 20.0) -> None:
     threading.Thread(target=join, daemon=True).start()
     if not joined.wait(timeout_s):
         raise UsageError(f"the cluster at {address} does not answer within {timeout_s:g} s: {advice}")
+    if failure and isinstance(failure[0], ray.exceptions.AuthenticationError):
+        token = os.environ.get("RAY_AUTH_TOKEN_PATH", "Ray's token")
+        raise UsageError(f"the cluster at {address} refuses this process's token ({token}): only who holds the "
+                         "token of the `easyscale cluster start` that started it may command it")
     if failure and isinstance(failure[0], ConnectionError):
         raise UsageError(f"the cluster at {address} does not answer ({str(failure[0]).splitlines()[0]}): {advice}")
     if failure:
