@@ -1,5 +1,5 @@
-"""Random faults against cluster mode (issue 34): jobs on a 3-node local Ray cluster (2 slots a node) under a
-scheduler that Ray restarts, while faults drawn with a seed strike every GAP seconds or so:
+"""Random faults against cluster mode: jobs on a 3-node local Ray cluster (2 slots a node) under a scheduler that
+Ray restarts, running each --policy in turn, while faults drawn with a seed strike every GAP seconds or so:
 
     kill -9        a job's process (SIGKILL)                SIGTERM     a job's process (a preemption)
     slot actor     the Ray actor of a job's slot killed     supervisor  a job's supervisor (its store's host) killed
@@ -10,10 +10,12 @@ Checked: every job ends finished with its fixed-size run's SHA-256 (bits changed
 runs twice at once (every 0.25 s, the live processes of each job, read from /proc, must all talk to one store).
 Measured: for each fault, the time it cost = how long the jobs running when it struck took to get past the step
 they were at, less one step of the same seed's fault-free run (a job not hit: about 0); the table gives it by
-kind, beside the makespan and mean job time of both runs. Exit status 1 if a check failed.
+kind, beside the makespan and mean job time of both runs. Each job stands for a profiled application (the
+policies that model jobs by theirs need one), drawn with the seed; preemptions, moves and reallocations are the
+policy's own. With several policies, a last table gives a row per policy. Exit status 1 if a check failed.
 
-    .venv/bin/python bench/bench_chaos.py [--faults 30] [--jobs 6] [--seed 0] [--gap 7] [--steps 150]
-                                          [--no-baseline] [--json FILE] [--work DIR]
+    .venv/bin/python bench/bench_chaos.py [--policy fifo[,tiresias,...]] [--faults 30] [--jobs 6] [--seed 0]
+                                          [--gap 7] [--steps 150] [--no-baseline] [--json FILE] [--work DIR]
 """
 import argparse
 import contextlib
@@ -37,10 +39,19 @@ NODES, SLOTS = 3, 2
 STEP_SLEEP = 0.3
 
 
+APPLICATIONS = ("cifar10", "imagenet", "bert", "yolov3", "deepspeech2")  # what a job stands for, to a policy
+
+
 def job_specs(seed: int, jobs: int, steps: int):
     """The jobs, the same for a seed with or without faults: (virtual workers, most slots, steps per epoch)."""
     rng = random.Random(seed)
     return [(rng.choice((2, 4)), rng.choice((1, 2)), rng.randint(steps * 3 // 4, steps)) for _ in range(jobs)]
+
+
+def applications(seed: int, jobs: int):
+    """Each job's application, drawn apart from job_specs so that its jobs stay those of earlier runs."""
+    rng = random.Random(f"applications {seed}")
+    return [rng.choice(APPLICATIONS) for _ in range(jobs)]
 
 
 def argv(out: str, ckpt: str, n: int, steps: int):
@@ -73,7 +84,7 @@ def stores_by_job(outs):
 class Chaos:
     """One run: the cluster, its scheduler, the jobs, a watcher of their progress and a fault injector."""
 
-    def __init__(self, work: str, specs, seed: int):
+    def __init__(self, work: str, specs, seed: int, policy: str):
         from easyscale_ext.cluster.local import LocalCluster
 
         self.local = LocalCluster(nodes=NODES, slots=SLOTS)  # first: it keeps Ray on loopback, before Ray loads
@@ -83,12 +94,13 @@ class Chaos:
 
         self.ray, self.rng = ray, random.Random(seed + 1)
         self.alive_nodes = list(range(NODES))
-        self.scheduler = launch(os.path.join(work, "state"), "fifo", 0.5, max_restarts=-1)
+        self.scheduler = launch(os.path.join(work, "state"), policy, 0.5, max_restarts=-1)
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
         self.outs, self.ids = {}, []
-        for i, (n, procs, steps) in enumerate(specs):
+        for i, ((n, procs, steps), app) in enumerate(zip(specs, applications(seed, len(specs)))):
             out = os.path.join(work, f"hash{i}")
-            job = self.call("submit", argv(out, os.path.join(work, f"ckpt{i}"), n, steps), n, 1, procs, f"job{i}", env)
+            job = self.call("submit", argv(out, os.path.join(work, f"ckpt{i}"), n, steps), n, 1, procs, f"job{i}", env,
+                            app)
             self.ids.append(job)
             self.outs[out] = job
         self.timeline = {job: [] for job in self.ids}  # job -> [(time, state, step)]
@@ -207,9 +219,9 @@ class Chaos:
         return jobs
 
 
-def run(work: str, specs, seed: int, faults: int, gap: float) -> dict:
+def run(work: str, specs, seed: int, faults: int, gap: float, policy: str) -> dict:
     """One run, its records by job (in submission order): status, timeline, SHA-256 written, time to its end."""
-    chaos = Chaos(work, specs, seed)
+    chaos = Chaos(work, specs, seed, policy)
     if faults:
         chaos.inject(faults, gap)
     jobs = chaos.finish(timeout=600)
@@ -244,29 +256,8 @@ def fault_cost(fault, timelines, usual) -> float:
     return max(costs, default=0.0)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--faults", type=int, default=30)
-    ap.add_argument("--jobs", type=int, default=6)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gap", type=float, default=7.0, help="mean seconds between faults")
-    ap.add_argument("--steps", type=int, default=150, help="most steps per epoch of a job (2 epochs)")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free run (costs less one step of "
-                    "the faulty run's own usual step)")
-    ap.add_argument("--json", default="", help="write the runs' records here")
-    ap.add_argument("--work", default="", help="keep the runs' job tables, logs and checkpoints in this folder")
-    args = ap.parse_args()
-
-    specs = job_specs(args.seed, args.jobs, args.steps)
-    references = {(n, steps): None for n, _, steps in specs}
-    for key in references:
-        references[key] = run_job("reference", n=key[0], steps=key[1])
-    runs = {}
-    with contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory() as work:
-        for name, faults in ([] if args.no_baseline else [("fault-free", 0)]) + [("chaos", args.faults)]:
-            print(f"-- {name}: {len(specs)} jobs (virtual workers, slots, steps per epoch) {specs}", flush=True)
-            runs[name] = run(os.path.join(work, name), specs, args.seed, faults, args.gap)
-
+def report(runs: dict, specs, references) -> dict:
+    """Print one policy's checks and tables; its row of the summary."""
     chaos = runs["chaos"]
     lost = [j["id"] for j in chaos["jobs"] if j["state"] != "finished"]
     changed = [j["id"] for j, digest, (n, _, steps) in zip(chaos["jobs"], chaos["sha256"], specs)
@@ -284,11 +275,55 @@ def main():
     print("\n| run | makespan (s) | mean job time (s) |\n|---|---:|---:|")
     for name, r in runs.items():
         print(f"| {name} | {max(r['times']):.0f} | {statistics.mean(r['times']):.0f} |")
+    return dict(lost=len(lost), changed=len(changed), twice=len(chaos["twice"]), faults=len(chaos["faults"]),
+                makespans={name: max(r["times"]) for name, r in runs.items()})
+
+
+def main():
+    from easyscale_ext.sched.policies import POLICIES
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="fifo", help="the scheduler's policies, comma-separated, run in turn")
+    ap.add_argument("--faults", type=int, default=30)
+    ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gap", type=float, default=7.0, help="mean seconds between faults")
+    ap.add_argument("--steps", type=int, default=150, help="most steps per epoch of a job (2 epochs)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free run (costs less one step of "
+                    "the faulty run's own usual step)")
+    ap.add_argument("--json", default="", help="write the runs' records here")
+    ap.add_argument("--work", default="", help="keep the runs' job tables, logs and checkpoints in this folder")
+    args = ap.parse_args()
+    policies = args.policy.split(",")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown --policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
+
+    specs = job_specs(args.seed, args.jobs, args.steps)
+    references = {(n, steps): None for n, _, steps in specs}
+    for key in references:
+        references[key] = run_job("reference", n=key[0], steps=key[1])
+    rows, records = {}, {}
+    with contextlib.nullcontext(args.work) if args.work else tempfile.TemporaryDirectory() as work:
+        for policy in policies:
+            runs = {}
+            for name, faults in ([] if args.no_baseline else [("fault-free", 0)]) + [("chaos", args.faults)]:
+                print(f"-- {policy}, {name}: {len(specs)} jobs (virtual workers, slots, steps per epoch) {specs}",
+                      flush=True)
+                runs[name] = run(os.path.join(work, policy, name), specs, args.seed, faults, args.gap, policy)
+            rows[policy] = report(runs, specs, references)
+            records[policy] = {k: {key: v[key] for key in ("faults", "twice", "times")} for k, v in runs.items()}
+    if len(policies) > 1:
+        print("\n| policy | faults | jobs lost | bits changed | run twice at once | makespan, fault-free (s) | "
+              "makespan, faults (s) | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+        for policy, row in rows.items():
+            free, chaos = row["makespans"].get("fault-free"), row["makespans"]["chaos"]
+            print(f"| {policy} | {row['faults']} | {row['lost']} | {row['changed']} | {row['twice']} | "
+                  f"{free or float('nan'):.0f} | {chaos:.0f} | {chaos / free if free else float('nan'):.2f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({k: {key: v[key] for key in ("faults", "twice", "times")} for k, v in runs.items()}, f,
-                      indent=1, default=str)
-    sys.exit(1 if lost or changed or chaos["twice"] else 0)
+            json.dump(records, f, indent=1, default=str)
+    sys.exit(1 if any(row["lost"] or row["changed"] or row["twice"] for row in rows.values()) else 0)
 
 
 if __name__ == "__main__":
