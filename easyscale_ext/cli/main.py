@@ -33,6 +33,7 @@ def smoke(args) -> int:
 def run(args) -> int:
     import os
 
+    from ..elastic.client import save_secret
     from ..elastic.launcher import ElasticLauncher
     from .. import determinism
 
@@ -48,9 +49,13 @@ def run(args) -> int:
         env["EASYSCALE_BALANCE"] = "1"
     launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env,
                                cpus=args.cpus)
+    secret = save_secret(launcher.address, launcher.secret)  # for this user's `easyscale scale` only
     print(f"easyscale: job store at {launcher.address}; scale with "
           f"`easyscale scale --store {launcher.address} --procs N`", flush=True)
-    return launcher.run()
+    try:
+        return launcher.run()
+    finally:
+        os.remove(secret)
 
 
 def scale(args) -> int:
@@ -58,7 +63,8 @@ def scale(args) -> int:
 
     # Before torch loads: its store client would log a failed connection again, as a C++ stack.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from ..elastic.client import StoreUnreachable, request_release, request_scale, request_split
+    from ..elastic.client import (NotTheJobsSecret, StoreUnreachable, request_release, request_scale,
+                                  request_split)
 
     try:
         if args.split:
@@ -67,7 +73,7 @@ def scale(args) -> int:
             request_release(args.store, args.release, args.connect_timeout)
         else:
             request_scale(args.store, args.procs, args.connect_timeout)
-    except (ValueError, StoreUnreachable) as e:
+    except (ValueError, StoreUnreachable, NotTheJobsSecret) as e:
         raise UsageError(str(e))
     asked = (f"split its virtual workers {args.split}" if args.split else f"let {args.release} leave"
              if args.release else f"run on {args.procs} processes")

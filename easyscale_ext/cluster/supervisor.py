@@ -42,8 +42,10 @@ class JobSupervisor:
         self.checkpoints = os.path.join(os.path.dirname(os.path.dirname(log_dir)), "checkpoints", job_id)
         self.virtual_workers = virtual_workers
         host = ray.util.get_node_ip_address()  # the cluster's private interface (loopback on one machine)
-        self.store = client.serve(host)  # on that address only
-        self.address = f"{host}:{self.store.port}"
+        self.server = client.serve(host)  # on that address only
+        self.address = f"{host}:{self.server.port}"
+        self.secret = client.new_secret()  # only the job's processes, given it, reach the job's keys
+        self.store = client.keyed(self.server, self.secret)
         self.workers: Dict[str, ray.actor.ActorHandle] = {}  # process name -> its slot's actor
         self.node_of: Dict[str, str] = {}
         self.exit_codes: Dict[str, int] = {}
@@ -170,7 +172,7 @@ class JobSupervisor:
 
     def _start(self, name: str, node: str, joining: bool) -> None:
         env = dict(self.env)
-        env.update({self.client.STORE_ENV: self.address, self.client.ID_ENV: name,
+        env.update({self.client.STORE_ENV: self.address, self.client.SECRET_ENV: self.secret, self.client.ID_ENV: name,
                     self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
         env.setdefault(self.client.CHECKPOINT_ENV, self.checkpoints)
         if determinism.ISA_ENV in env:  # D2: it may span device types, so it balances by measured speed (rank 0)

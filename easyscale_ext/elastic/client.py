@@ -3,12 +3,20 @@ a tool may send a running job (`easyscale scale`, a scheduler).
 
 Every request is checked against the job's state in the store before it is written: one that the job
 cannot take raises ValueError and sends nothing.
+
+A job's keys live under its secret (`keyed`): whoever reaches the store's port without the secret reads and
+changes nothing of the job's, and a tool that tries is told so. The job's host (the launcher of `easyscale run`,
+a cluster job's supervisor) makes the secret and hands it to the job's processes in their environment
+($EASYSCALE_STORE_SECRET); `easyscale run` also leaves it, readable by its user only, where that user's
+`easyscale scale` finds it ($EASYSCALE_HOME/stores).
 """
 import json
+import os
+import secrets
 import socket
 import time
 from datetime import timedelta
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -19,10 +27,16 @@ ID_ENV = "EASYSCALE_WORKER_ID"
 JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
 BALANCE_ENV = "EASYSCALE_BALANCE"   # "1": rebalance virtual workers by measured speed
 CHECKPOINT_ENV = "EASYSCALE_CHECKPOINT_DIR"  # member.run's checkpoint folder when the script gives none (cluster)
+SECRET_ENV = "EASYSCALE_STORE_SECRET"  # the job's secret: its store's keys live under it
+KEYED = "keyed"  # the one key outside the secret: says that the job's keys are under one
 
 
 class StoreUnreachable(ConnectionError):
     """No job store answers at the address."""
+
+
+class NotTheJobsSecret(PermissionError):
+    """The store keeps its job's keys under a secret this process does not hold."""
 
 
 def parse_address(address: str):
@@ -50,10 +64,48 @@ def serve(host: str, port: int = 0, timeout_s: float = 300.0) -> dist.TCPStore:
                          timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.detach())  # the store's now
 
 
-def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.TCPStore:
-    """A client of the job store at `address`. `connect_timeout_s` (default `timeout_s`) bounds the wait
-    for the store to answer; `timeout_s` bounds every later wait on a key. Given `connect_timeout_s` (a tool
-    asking a running job, whose store is up), a refused connection fails at once: TCPStore would retry it."""
+def new_secret() -> str:
+    return secrets.token_hex(16)
+
+
+def keyed(server: dist.TCPStore, secret: str) -> dist.Store:
+    """The job's view of the store it hosts (`serve`): every key under `secret`."""
+    server.set(KEYED, "1")
+    return dist.PrefixStore(secret, server)
+
+
+def secret_file(address: str) -> str:
+    """Where `easyscale run` leaves its job's secret for its user's tools."""
+    home = os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
+    return os.path.join(home, "stores", address.replace(":", "-"))
+
+
+def save_secret(address: str, secret: str) -> str:
+    """Write the job's secret where its user's tools find it, readable by that user only; its path."""
+    path = secret_file(address)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(secret)
+    return path
+
+
+def _secret_for(address: str) -> Optional[str]:
+    """This process's secret for the job at `address`: its environment's (a process of the job), else the one its
+    user's `easyscale run` left."""
+    if os.environ.get(SECRET_ENV):
+        return os.environ[SECRET_ENV]
+    try:
+        with open(secret_file(address)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.Store:
+    """A client of the job store at `address`, under the job's secret where this process has it (else
+    NotTheJobsSecret, for a store that keeps its keys under one). `connect_timeout_s` (default `timeout_s`) bounds
+    the wait for the store to answer; `timeout_s` bounds every later wait on a key. Given `connect_timeout_s` (a
+    tool asking a running job, whose store is up), a refused connection fails at once: TCPStore would retry it."""
     host, port = parse_address(address)
     wait_s = connect_timeout_s or timeout_s
     unreachable = f"no job store answers at {address} (within {wait_s:g} s): is the job running? `easyscale run` " \
@@ -72,6 +124,13 @@ def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = N
     except (RuntimeError, dist.DistError) as e:  # the C++ client's error text is a stack: say it in a line
         raise StoreUnreachable(unreachable) from e
     store.set_timeout(timedelta(seconds=timeout_s))
+    secret = _secret_for(address)
+    if secret:
+        return dist.PrefixStore(secret, store)
+    if store.check([KEYED]):
+        raise NotTheJobsSecret(f"the job at {address} answers only its own processes and its owner's tools: this "
+                               f"process has not its secret (${SECRET_ENV}, or {secret_file(address)} as "
+                               "`easyscale run` leaves it for the user who ran it)")
     return store
 
 

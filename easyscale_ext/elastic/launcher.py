@@ -10,7 +10,7 @@ import time
 from typing import Dict, Optional, Sequence
 
 
-from .client import ID_ENV, JOIN_ENV, STORE_ENV, current_members, serve
+from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, keyed, new_secret, serve
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +25,10 @@ class ElasticLauncher:
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
         self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
-        self.store = serve(host, port)
-        self.address = f"{host}:{self.store.port}"
+        self.server = serve(host, port)
+        self.address = f"{host}:{self.server.port}"
+        self.secret = new_secret()
+        self.store = keyed(self.server, self.secret)
         self.cpus = list(cpus or [])
         self.env_per_process = list(env_per_process or [{}])
         self.children: Dict[str, subprocess.Popen] = {}
@@ -36,7 +38,8 @@ class ElasticLauncher:
         worker = f"w{self.spawned}"
         self.spawned += 1
         env = dict(self.env, **self.env_per_process[(self.spawned - 1) % len(self.env_per_process)])
-        env.update({STORE_ENV: self.address, ID_ENV: worker, JOIN_ENV: "1" if joining else "0"})
+        env.update({STORE_ENV: self.address, SECRET_ENV: self.secret, ID_ENV: worker,
+                    JOIN_ENV: "1" if joining else "0"})
         out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
         child = self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         if self.cpus:  # pinned while the interpreter starts, before it starts any thread

@@ -1,8 +1,17 @@
-"""A job store listens on the address it is given, not on every interface (torch's TCPStore alone does)."""
+"""A job store listens on the address it is given, not on every interface (torch's TCPStore alone does), and
+keeps its job's keys under a secret only the job's processes and its owner's tools hold."""
+import json
+import os
+import re
+import subprocess
 import sys
+import time
 
-from easyscale_ext.elastic.client import connect, serve
+import pytest
+
+from easyscale_ext.elastic.client import SECRET_ENV, connect, current_members, request_scale, serve
 from easyscale_ext.elastic.launcher import ElasticLauncher
+from support.jobs import JOB, run_job
 from support.sockets import listening
 
 
@@ -16,3 +25,63 @@ def test_a_job_store_listens_on_its_host_only_and_answers_there():
 def test_easyscale_runs_store_is_on_loopback_by_default():
     launcher = ElasticLauncher([sys.executable, "-c", "pass"], 1)
     assert listening(int(launcher.address.rpartition(":")[2])) == ["127.0.0.1"]
+
+
+@pytest.mark.multiprocess
+def test_only_the_jobs_processes_and_its_owners_tools_reach_its_keys(tmp_path, monkeypatch):
+    """A stranger who reaches the store's port without the job's secret: its `easyscale scale` is refused, saying
+    why, and what its own client writes (a scale to 1 process, a release, a split) is never read by the job, which
+    trains on on its 2 processes; the owner's request (its `easyscale run` left the secret, mode 0600) is heard."""
+    owner = dict(os.environ, OMP_NUM_THREADS="1", EASYSCALE_HOME=str(tmp_path / "owner"))
+    owner.pop(SECRET_ENV, None)
+    stranger = dict(owner, EASYSCALE_HOME=str(tmp_path / "stranger"))
+    job = subprocess.Popen([sys.executable, "-m", "easyscale_ext.cli", "run", "--procs", "2", "--", JOB, "--mode",
+                            "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers", "4",
+                            "--steps", "40", "--step-sleep", "0.2"], env=owner, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        address = re.search(r"job store at (\S+);", job.stdout.readline()).group(1)
+        secret = tmp_path / "owner" / "stores" / address.replace(":", "-")
+        assert oct(secret.stat().st_mode & 0o777) == "0o600"
+        monkeypatch.setenv("EASYSCALE_HOME", owner["EASYSCALE_HOME"])
+        store = connect(address, 60, 5)  # the owner's view
+        deadline = time.monotonic() + 120
+        while not store.check(["progress"]) or json.loads(store.get("progress"))["step"] < 2:
+            assert time.monotonic() < deadline and job.poll() is None, "the job made no progress"
+            time.sleep(0.2)
+        refused = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "scale", "--store", address, "--procs",
+                                  "1"], env=stranger, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "has not its secret" in refused.stderr, refused.stderr
+        host, port = address.rsplit(":", 1)
+        raw = subprocess.run([sys.executable, "-c", STRANGER, host, port], env=stranger, capture_output=True,
+                             text=True, timeout=120)
+        assert raw.returncode == 0 and raw.stdout.split() == ["False", "False"], raw.stdout + raw.stderr
+        step = json.loads(store.get("progress"))["step"]
+        while json.loads(store.get("progress"))["step"] < step + 5:  # past the boundaries that would have acted
+            assert time.monotonic() < deadline and job.poll() is None, "the job stopped"
+            time.sleep(0.2)
+        assert current_members(store) == ["w0", "w1"]
+        request_scale(address, 3)  # the owner's: heard
+        while current_members(store) != ["w0", "w1", "w2"]:
+            assert time.monotonic() < deadline and job.poll() is None, "the owner's request was not heard"
+            time.sleep(0.2)
+        out, _ = job.communicate(timeout=240)
+    finally:
+        job.kill()
+        job.wait()
+    assert job.returncode == 0, out
+    assert not secret.exists()  # gone with the job
+    assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=40)
+
+
+# What a stranger's own store client can do: read the job's keys (it sees none) and write its requests' keys.
+STRANGER = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, timeout=timedelta(seconds=10))
+print(store.check(["gen/0/members"]), store.check(["progress"]))
+store.set("target", "1")
+store.append("releases", "w1\\n")
+store.set("split", "[3, 1]")
+"""
