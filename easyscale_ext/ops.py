@@ -57,7 +57,8 @@ def group_norms(tensors: Sequence[torch.Tensor], group_of: Sequence[int], num_gr
     return _ops.group_norms(list(tensors), list(group_of), num_groups)
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type tensors of `dtype` accumulate in (the kernels' and the reducer's): fp64 for fp64, else fp32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -75,4 +76,4 @@ def _fold_fake(acc, src, scale, accumulate, frozen=None):
 
 @torch.library.register_fake("easyscale::group_norms")
 def _group_norms_fake(tensors, group_of, num_groups):
-    return tensors[0].new_empty((num_groups,), dtype=_acc_dtype(tensors[0].dtype))
+    return tensors[0].new_empty((num_groups,), dtype=acc_dtype(tensors[0].dtype))

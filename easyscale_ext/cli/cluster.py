@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 
-from .main import UsageError
+from .errors import UsageError
 
 
 SHOWN_ENDED = 10  # jobs that ended shown by `status` without --all
@@ -212,10 +212,8 @@ def _call(ray, ref):
 
 
 def start(args) -> int:
-    from ..sched.policies import POLICIES, RENAMED
+    from ..sched.policies import POLICIES
 
-    if args.policy in RENAMED:
-        raise UsageError(f"--policy {args.policy} is now {RENAMED[args.policy]}")
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
     slots = _slots(args.slots, args.slot_type)

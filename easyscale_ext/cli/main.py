@@ -13,9 +13,7 @@ import argparse
 import logging
 import sys
 
-
-class UsageError(Exception):
-    """Input the command cannot act on: one line on stderr saying what to do, exit status 2."""
+from .errors import UsageError
 
 
 def smoke(args) -> int:

@@ -22,10 +22,10 @@ from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND
 from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
-from ..sched.policies import POLICIES, RENAMED
+from ..sched.policies import POLICIES
 from ..sched.simulator import EASYSCALE as EASYSCALE_MODEL
 from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, job_maker, simulate, validate
-from .main import UsageError
+from .errors import UsageError
 
 CALIBRATIONS = {"none": SimConfig(), "sia": SIA, "sia-restarts": SIA_RESTARTS, "easyscale": EASYSCALE_MODEL}
 COLUMNS = ["avg_jct", "p50_jct", "p99_jct", "makespan", "gpu_util", "restarts_per_job", "ftf_mean", "ftf_max"]
@@ -121,8 +121,6 @@ def parse_cluster(spec) -> Cluster:
 
 def policy_names(text) -> list:
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    for name in (n for n in names if n in RENAMED):
-        raise UsageError(f"--policy {text}: {name} is now {RENAMED[name]}")
     unknown = [n for n in names if n not in POLICIES and n != "all"]
     if unknown or not names or "all" in names and len(names) > 1:
         raise UsageError(f"--policy {text}: expected all, or comma-separated names of {', '.join(POLICIES)}"

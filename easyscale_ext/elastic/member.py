@@ -23,7 +23,6 @@ import os
 import time
 import traceback
 import uuid
-import warnings
 from dataclasses import astuple, dataclass, field
 from typing import Callable, List, Optional, Tuple, Union
 
@@ -130,15 +129,6 @@ class ElasticMember:
         self._replicate(ddp.export_contexts(), position.step)  # what a loss during the first step goes back to
         self._replicated = position
         return position
-
-    def join(self, ddp, optimizer, scheduler) -> Position:
-        """Deprecated: `start(ddp, optimizer, scheduler)` does this for a joiner, and starts a first process."""
-        warnings.warn("ElasticMember.join() is deprecated: call member.start(ddp, optimizer, scheduler, position) "
-                      "on every process (a joiner joins there)", DeprecationWarning, stacklevel=2)
-        if not self.joining:
-            raise RuntimeError("join() is for processes started to join a running job; "
-                               "call member.start(ddp, optimizer, scheduler, position) instead")
-        return self._join(ddp, optimizer, scheduler)
 
     def _join(self, ddp, optimizer, scheduler) -> Position:
         self._withdraw_if_asked()  # SIGTERM while it prepared: never registers

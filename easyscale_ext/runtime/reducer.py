@@ -27,11 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from ..ops import fold_
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from ..ops import acc_dtype, fold_
 
 
 class _Bucket:
@@ -42,7 +38,7 @@ class _Bucket:
         self.numel = sum(p.numel() for p in params)
         self.chunk = -(-self.numel // world)  # every process finishes one chunk
         self.padded = self.chunk * world
-        self.acc_dtype = _acc_dtype(params[0].dtype)
+        self.acc_dtype = acc_dtype(params[0].dtype)
         self.device = params[0].device
 
     def flat(self) -> torch.Tensor:

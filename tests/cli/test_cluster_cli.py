@@ -47,8 +47,6 @@ def test_the_readme_commands_run_their_job_and_jobs_keep_their_fixed_bits(easysc
         assert out.returncode == 2 and "no cluster is running: start one with `easyscale cluster start`" in out.stderr
     out = easyscale("cluster", "start", "--policy", "nope")
     assert out.returncode == 2 and "unknown policy 'nope': choose one of fifo" in out.stderr, out.stderr
-    out = easyscale("cluster", "start", "--policy", "fifo-serial")
-    assert out.returncode == 2 and "--policy fifo-serial is now yarn-cs" in out.stderr, out.stderr
     assert "easyscale-homo" in easyscale("cluster", "start", "--help").stdout  # the policies are listed
     # The README's two commands, as written: N = 4 on 2 slots runs on the 2 (it used to wait for 4 forever).
     out = easyscale("cluster", "start", "--slots", "2")

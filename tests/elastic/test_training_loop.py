@@ -1,5 +1,5 @@
-"""The elastic training loop as users write it: `ElasticMember.run` (the README's example, run as written),
-the recipe from before `start()` existed, and a training-code error, which must end the job."""
+"""The elastic training loop as users write it: `ElasticMember.run` (the README's example, run as written), and a
+training-code error, which must end the job."""
 import os
 import re
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from support.jobs import reference, run_elastic
+from support.jobs import run_elastic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_elastic.py")
@@ -48,11 +48,6 @@ def test_the_elastic_example_ends_with_the_same_bits_on_any_schedule(tmp_path):
     fixed = run_example(1)
     assert run_example(2, scale_to=3, folder=str(tmp_path)) == fixed
     assert sorted(os.listdir(tmp_path)) == [f"step-00000000{s}.ckpt" for s in (20, 30, 40)]  # every 10, 3 kept
-
-
-def test_the_recipe_from_before_start_scales_in_place_bitwise():
-    # ElasticMember(), member.join() on joiners (deprecated, still working), step_boundary() on every process.
-    assert run_elastic(1, "1:2,3:3", n=4, old_recipe=1) == reference()
 
 
 def test_a_training_error_that_mentions_gloo_ends_the_job_and_is_reported():

@@ -232,15 +232,3 @@ def test_arguments_it_cannot_honour_are_refused(argument):
         es.EasyScaleDDP(nn.Linear(2, 2), virtual_world_size=1, **{argument: object()})
 
 
-def test_the_old_determinism_path_still_imports_and_says_where_it_moved():
-    import subprocess
-    import sys
-
-    code = ("import warnings; warnings.simplefilter('error'); "
-            "from easyscale_ext.runtime import determinism")
-    moved = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert moved.returncode != 0 and "moved to easyscale_ext.determinism" in moved.stderr, moved.stderr[-2000:]
-    code = ("import warnings; warnings.simplefilter('ignore'); from easyscale_ext.runtime import determinism; "
-            "import easyscale_ext.determinism as new; assert determinism is new; print(determinism.environment('D2'))")
-    old = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert old.returncode == 0 and "EASYSCALE_ISA" in old.stdout, old.stderr[-2000:]

@@ -154,14 +154,6 @@ def test_a_running_job_the_policy_stops_is_preempted_and_its_slots_go_to_the_pol
     assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {"old": (0, 0)}
 
 
-def test_the_old_nonpreemptive_name_still_works_and_says_what_replaced_it():
-    from easyscale_ext.sched.policies.nonpreemptive import NonPreemptive
-
-    with pytest.warns(DeprecationWarning, match=r"Limits\(policy, preempt=False\)"):
-        policy = NonPreemptive(Fixed({"new": (0, 0, 1)}))
-    assert policy.optimize(0, jobs("old", "new"), CLUSTER, {"old": (0,)}) == {"old": (0,)}
-
-
 @pytest.mark.parametrize("policy", ["pollux", "sia", "ours"])
 def test_a_real_job_keeps_its_batch_whatever_the_policy_would_tune(policy):
     """A real job's global batch is its virtual workers' micro-batches, fixed (they keep its bits): a policy that

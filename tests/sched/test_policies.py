@@ -90,9 +90,7 @@ def test_pollux_shares_a_node_fairly(apps, search, start):
     assert first["a"][0] == first["b"][0] == start
 
 
-def test_pollux_distinct_is_deprecated_for_the_nsga2_search_and_a_wrong_search_is_named():
-    with pytest.warns(DeprecationWarning, match="search='nsga2'"):
-        assert PolluxPolicy(distinct=True).search == "nsga2"
+def test_a_wrong_pollux_search_is_named():
     with pytest.raises(ValueError, match="expected one of nsga2, elitist"):
         PolluxPolicy(search="nsga3")
 

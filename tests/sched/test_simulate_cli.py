@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from easyscale_ext.cli import simulate as simulate_cli
-from easyscale_ext.cli.main import UsageError
+from easyscale_ext.cli.errors import UsageError
 from easyscale_ext.sched.policies import POLICIES
 
 WORKLOAD = "pollux/workloads/workload-6.csv"  # inside the data folder
@@ -37,7 +37,6 @@ def unknown_apps(tmp_path):
     (["--workload", WORKLOAD, "--cluster", "0x4"], "both at least 1"),
     (["--workload", WORKLOAD, "--cluster", "4x4:h100"], "no step-time profile for GPU type h100; use one of"),
     (["--workload", WORKLOAD, "--policy", "pollux,nope"], "(unknown: nope)"),
-    (["--workload", WORKLOAD, "--policy", "fifo-serial"], "fifo-serial is now yarn-cs (one job in the whole cluster"),
     (["--workload", WORKLOAD, "--policy", "optimus", "--cluster", "2x4:t4,1x4:v100"], "optimus models one GPU type"),
     (["--workload", "{unknown}"], "no profile for application(s) gpt9, t5 (profiled: bert"),
     (["--workload", "{unknown}", "--map", "gpt9=nothing"], "--map gpt9=nothing: expected APP=PROFILED"),

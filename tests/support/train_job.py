@@ -370,10 +370,7 @@ def run_easyscale(args, model, data, opt):
         threading.Thread(target=kill_when_ready, daemon=True).start()
     if member is not None and kills.get(member.id) == (0, "start-term"):  # SIGTERM while it prepared
         signal_self(signal.SIGTERM, "start", 0)
-    if member is not None and args.old_recipe:  # as the README had it before start(): join, then boundaries
-        if member.joining:
-            position = member.join(ddp, opt, sched if args.join_scheduler else None)
-    elif member is not None:
+    if member is not None:
         position = member.start(ddp, opt, sched if args.join_scheduler else None, position)
     loader.reassign(ddp.local_ranks)  # a joiner's share, or a checkpoint's uneven split
     schedule = dict(tuple(int(x) for x in item.split(":")) for item in args.schedule.split(",") if item)
@@ -516,7 +513,6 @@ def main():
     ap.add_argument("--implicit", type=int, default=0, help="EasyScaleDDP in an unchanged DDP loop (P == N)")
     ap.add_argument("--torchrun", type=int, default=0, help="take rank and world size from torchrun")
     ap.add_argument("--raise-at", default="", help="WORKER:STEP: a training-code error there")
-    ap.add_argument("--old-recipe", type=int, default=0, help="no start(): join() on joiners, step_boundary()")
     ap.add_argument("--elastic", type=int, default=0, help="run under easyscale_ext.launcher (in-place scaling)")
     ap.add_argument("--schedule", default="", help="step:procs,... scale requests made by rank 0")
     ap.add_argument("--ckpt-dir", default="")

@@ -39,5 +39,3 @@ POLICIES = {
     "icefrog": lambda seed: IceFrogPolicy(),
     "icefrog-nofreeze": lambda seed: IceFrogPolicy(freeze=False),
 }
-# Names that are gone, and what replaces each (a command line that gives one says so).
-RENAMED = {"fifo-serial": "yarn-cs (one job in the whole cluster at a time, as EasyScale's artifact runs YARN-CS)"}

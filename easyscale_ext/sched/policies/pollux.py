@@ -19,7 +19,6 @@ smallest type's node size (`virtual_nodes`), and a job that the search spreads o
 got most GPUs of (ties to the faster type); the others stay idle that round.
 """
 import math
-import warnings
 
 import numpy as np
 
@@ -34,12 +33,7 @@ class PolluxPolicy(Policy):
     name = "pollux"
     profiled = True
 
-    def __init__(self, seed=0, p=-1.0, restart_s=30.0, search="nsga2", population=None, generations=None,
-                 distinct=None):
-        if distinct is not None:  # the elitist search with distinct individuals gave way to the artifact's NSGA-II
-            warnings.warn("PolluxPolicy(distinct=...) is deprecated: use search='nsga2' (every individual distinct, "
-                          "as the artifact's) or search='elitist'", DeprecationWarning, stacklevel=2)
-            search = "nsga2" if distinct else search
+    def __init__(self, seed=0, p=-1.0, restart_s=30.0, search="nsga2", population=None, generations=None):
         if search not in SEARCHES:
             raise ValueError(f"search {search!r}: expected one of {', '.join(SEARCHES)}")
         self.rng = np.random.default_rng(seed)
