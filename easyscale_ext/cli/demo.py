@@ -120,7 +120,7 @@ def train(args, member, ddp, net, opt, loader, ckpt, test, position, requests, m
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 if step in requests:
-                    member.store.set("target", str(requests[step]))
+                    member.store.set_target(requests[step])
             if step == args.stop_after:
                 ckpt.save(here)
                 return 0

@@ -10,7 +10,6 @@ marks a process that exited with an error lost at once, as `easyscale run`'s lau
 recover in place. A process that has exited, for any reason (released, moved, failed, cancelled), gives its
 slot back at once: its actor is ended, its output kept in the log folder on the head.
 """
-import json
 import logging
 import os
 import signal
@@ -84,8 +83,8 @@ class JobSupervisor:
             self.type_of.update(zip(nodes, types or ()))
             if not self.started:
                 first = [self._spawn(node, joining=False, name_only=True) for node in nodes]
-                self.store.set("gen/0/members", json.dumps(first))
-                self.store.set("target", str(len(first)))
+                self.store.set_members(0, first)
+                self.store.set_target(len(first))
                 for name, node in zip(first, nodes):
                     self._start(name, node, joining=False)
                 self.started = True
@@ -102,7 +101,7 @@ class JobSupervisor:
         if not placement.valid_split(sizes, self.virtual_workers, len(members)):
             raise ValueError(f"a split of {self.virtual_workers} virtual workers over {len(members)} processes "
                              f"needs {len(members)} sizes >= 1 summing to {self.virtual_workers}, got {sizes}")
-        self.store.set("split", json.dumps(list(sizes)))
+        self.store.request_split(sizes)
 
     def cancel(self) -> None:
         """End every process of the job and give their slots back."""
@@ -120,7 +119,7 @@ class JobSupervisor:
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> dict:
         members = self.client.current_members(self.store) if self.started else []
-        progress = json.loads(self.store.get("progress")) if self.store.check(["progress"]) else None
+        progress = self.store.progress()
         return {"address": self.address, "members": members,
                 "nodes": [self.node_of[m] for m in members],
                 "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
@@ -220,8 +219,8 @@ class JobSupervisor:
             if code is None:
                 continue
             self.exit_codes[name] = code
-            if code != 0 and not store.check([f"lost/{name}"]):
-                store.set(f"lost/{name}", "exited")  # the others recover at once, in place
+            if code != 0 and not store.is_lost(name):
+                store.mark_lost(name, "exited")  # the others recover at once, in place
             self._retire(name)
         members = self.client.current_members(store)
         alive = [w for w in self.workers if w not in self.exit_codes]
@@ -229,8 +228,8 @@ class JobSupervisor:
             codes = [self.exit_codes[m] for m in members] or [0]
             for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
                 self.exit_codes[w] = -9
-            stopped = store.check(["stopped"])  # every process left at a boundary (suspend(), SIGTERM), saved
-            finished = 0 in codes and not stopped  # a member that ends unasked ended the job's training
+            stopped = store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
+            finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
             killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script
             # set its handler; a script's own error exits otherwise
             if not finished and members and all(m in self.gone_with_node for m in members):
@@ -238,8 +237,8 @@ class JobSupervisor:
             elif not finished and members and all(m in self.gone_with_node or self.exit_codes[m] in killed
                                                   for m in members):
                 self.orphaned = "its processes were killed"
-            if stopped and all(c == 0 for c in codes):
-                self.suspended = int(store.get("stopped"))  # not finished: it resumes from there
+            if stopped is not None and all(c == 0 for c in codes):
+                self.suspended = stopped  # not finished: it resumes from there
             self.done_at = time.time()
             self.done = 0 if finished else next((c for c in codes if c != 0), 0)
             for w in alive:  # detached: they go with the job, and their processes with them
@@ -249,18 +248,18 @@ class JobSupervisor:
             return  # ending, or recovering from a lost process: act on the generation that follows
         if any(w in self.joiners and w not in members and w not in self.withdrawn and code > 0
                for w, code in self.exit_codes.items()):  # a joiner failed (killed ones, by a signal, are replaced):
-            if store.get("target") != str(len(members)).encode():  # another started the same way would too (its
-                store.set("target", str(len(members)))  # log says why); rank 0 must not wait for it
+            if store.target() != len(members):  # another started the same way would too (its log says why); rank
+                store.set_target(len(members))  # 0 must not wait for it
             return
         pending = [w for w in alive if w in self.joiners and w not in members and w not in self.withdrawn
-                   and not store.check([f"admit/{w}"])]
+                   and not store.admitted(w)]
         holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)
         wanted = Counter(n for n in self.desired if n not in self.unreachable)  # the scheduler drops it next round
         withdrawn = False
         for node in {self.node_of[w] for w in pending}:  # joiners for slots the job no longer gets withdraw
             mine = [w for w in pending if self.node_of[w] == node]
             for w in mine[max(wanted[node] - holding[node], 0):]:
-                store.set(f"lost/{w}", "withdrawn")  # never admitted, even if it said it is ready
+                store.mark_lost(w, "withdrawn")  # never admitted, even if it said it is ready
                 self.workers[w].terminate.remote()
                 self.withdrawn.add(w)
                 pending.remove(w)
@@ -272,7 +271,7 @@ class JobSupervisor:
         room = max(self.virtual_workers - len(members) - len(pending), 0)
         pending += [self._spawn(node, joining=True) for node in growth[:room]]
         if pending or withdrawn or self.joiner_lost:  # a joiner lost: rank 0 must not wait for it
-            store.set("target", str(len(members) + len(pending)))
+            store.set_target(len(members) + len(pending))
             self.joiner_lost = False
         if pending:
             return
@@ -280,4 +279,4 @@ class JobSupervisor:
             leaving = [m for m in reversed(members) if self.node_of[m] == node and m not in self.released]
             for m in leaving[:count]:
                 self.released.add(m)
-                self.client.release(store, m)
+                store.release(m)

@@ -10,7 +10,6 @@ a cluster job's supervisor) makes the secret and hands it to the job's processes
 ($EASYSCALE_STORE_SECRET); `easyscale run` also leaves it, readable by its user only, where that user's
 `easyscale scale` finds it ($EASYSCALE_HOME/stores).
 """
-import json
 import os
 import secrets
 import socket
@@ -21,6 +20,7 @@ from typing import List, Optional, Sequence
 import torch.distributed as dist
 
 from ..placement import valid_split
+from .protocol import JobStore, hosted, reached
 
 STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
@@ -28,7 +28,6 @@ JOIN_ENV = "EASYSCALE_JOIN"         # "1" for a process that joins a running job
 BALANCE_ENV = "EASYSCALE_BALANCE"   # "1": rebalance virtual workers by measured speed
 CHECKPOINT_ENV = "EASYSCALE_CHECKPOINT_DIR"  # member.run's checkpoint folder when the script gives none (cluster)
 SECRET_ENV = "EASYSCALE_STORE_SECRET"  # the job's secret: its store's keys live under it
-KEYED = "keyed"  # the one key outside the secret: says that the job's keys are under one
 
 
 class StoreUnreachable(ConnectionError):
@@ -68,10 +67,9 @@ def new_secret() -> str:
     return secrets.token_hex(16)
 
 
-def keyed(server: dist.TCPStore, secret: str) -> dist.Store:
+def keyed(server: dist.TCPStore, secret: str) -> JobStore:
     """The job's view of the store it hosts (`serve`): every key under `secret`."""
-    server.set(KEYED, "1")
-    return dist.PrefixStore(secret, server)
+    return hosted(server, secret)
 
 
 def secret_file(address: str) -> str:
@@ -101,7 +99,7 @@ def _secret_for(address: str) -> Optional[str]:
         return None
 
 
-def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> dist.Store:
+def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = None) -> JobStore:
     """A client of the job store at `address`, under the job's secret where this process has it (else
     NotTheJobsSecret, for a store that keeps its keys under one). `connect_timeout_s` (default `timeout_s`) bounds
     the wait for the store to answer; `timeout_s` bounds every later wait on a key. Given `connect_timeout_s` (a
@@ -124,37 +122,25 @@ def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = N
     except (RuntimeError, dist.DistError) as e:  # the C++ client's error text is a stack: say it in a line
         raise StoreUnreachable(unreachable) from e
     store.set_timeout(timedelta(seconds=timeout_s))
-    secret = _secret_for(address)
-    if secret:
-        return dist.PrefixStore(secret, store)
-    if store.check([KEYED]):
+    job = reached(store, _secret_for(address))
+    if job is None:
         raise NotTheJobsSecret(f"the job at {address} answers only its own processes and its owner's tools: this "
                                f"process has not its secret (${SECRET_ENV}, or {secret_file(address)} as "
                                "`easyscale run` leaves it for the user who ran it)")
-    return store
+    return job
 
 
-def current_generation(store) -> int:
-    g = 0
-    while store.check([f"gen/{g + 1}/members"]):
-        g += 1
-    return g
-
-
-def current_members(store) -> List[str]:
+def current_members(store: JobStore) -> List[str]:
     """The members of the job's latest generation, in rank order."""
-    return json.loads(store.get(f"gen/{current_generation(store)}/members"))
+    return store.members(store.current_generation())
 
 
-def virtual_world_size(store) -> int:
+def virtual_world_size(store: JobStore) -> int:
     """The job's N, once its rank 0 has published the job's kind (its first step boundary)."""
-    if not store.check(["job_state"]):
+    kind = store.job_state()
+    if kind is None:
         raise ValueError("the job has not reached its first step boundary yet; ask again in a moment")
-    return json.loads(store.get("job_state"))["virtual_world_size"]
-
-
-def release(store, worker: str) -> None:
-    store.append("releases", worker + "\n")  # one atomic write: a death mid-request leaves no gap
+    return kind["virtual_world_size"]
 
 
 def request_scale(address: str, procs: int, connect_timeout_s: float = 5.0) -> None:
@@ -162,10 +148,10 @@ def request_scale(address: str, procs: int, connect_timeout_s: float = 5.0) -> N
     if procs < 1:
         raise ValueError(f"procs must be >= 1, got {procs}")
     store = connect(address, 30, connect_timeout_s)
-    if store.check(["job_state"]) and procs > virtual_world_size(store):  # before, the job itself caps it
+    if store.job_state() and procs > virtual_world_size(store):  # before, the job itself caps it
         raise ValueError(f"the job has {virtual_world_size(store)} virtual workers: it runs on at most that many "
                          f"processes, not {procs}")
-    store.set("target", str(procs))
+    store.set_target(procs)
 
 
 def request_release(address: str, worker: str, connect_timeout_s: float = 5.0) -> None:
@@ -178,7 +164,7 @@ def request_release(address: str, worker: str, connect_timeout_s: float = 5.0) -
     if len(members) == 1:
         raise ValueError(f"{worker} is the job's last process: to stop the job, send it SIGTERM (it leaves "
                          "at the next step boundary after saving a checkpoint, if it has a Checkpointer)")
-    release(store, worker)
+    store.release(worker)
 
 
 def request_split(address: str, sizes: Sequence[int], connect_timeout_s: float = 5.0) -> None:
@@ -192,4 +178,4 @@ def request_split(address: str, sizes: Sequence[int], connect_timeout_s: float =
     if not valid_split(sizes, n, len(members)):
         raise ValueError(f"the job runs {len(members)} processes and {n} virtual workers: a split needs "
                          f"{len(members)} sizes >= 1 summing to {n}, got {','.join(map(str, sizes))}")
-    store.set("split", json.dumps(sizes))
+    store.request_split(sizes)

@@ -2,7 +2,6 @@
 store, starts the first processes, and starts joining processes whenever a
 scale request asks for more than are running. Processes leave by themselves
 (see member.py)."""
-import json
 import logging
 import os
 import subprocess
@@ -51,8 +50,8 @@ class ElasticLauncher:
     def run(self, timeout_s: float = 3600.0) -> int:
         """Run until every process has exited; returns the first non-zero exit code, else 0."""
         first = [f"w{i}" for i in range(self.procs)]
-        self.store.set("gen/0/members", json.dumps(first))
-        self.store.set("target", str(self.procs))
+        self.store.set_members(0, first)
+        self.store.set_target(self.procs)
         for _ in first:
             self._spawn(joining=False)
         deadline = time.monotonic() + timeout_s
@@ -65,7 +64,7 @@ class ElasticLauncher:
                 raise TimeoutError(f"elastic job still running after {timeout_s} s")
             members = current_members(self.store)
             waiting = [w for w, c in self.children.items()
-                       if w not in members and c.poll() is None and not self.store.check([f"admit/{w}"])]
+                       if w not in members and c.poll() is None and not self.store.admitted(w)]
             if all(self.children[m].poll() is not None for m in members):
                 for w in waiting:  # the job is over: nobody will admit them
                     self.children[w].kill()
@@ -73,28 +72,28 @@ class ElasticLauncher:
                     killed.add(w)
                 break
             for w, c in self.children.items():
-                if c.poll() is None and self.store.check([f"lost/{w}"]):
+                if c.poll() is None and self.store.is_lost(w):
                     c.kill()  # the job went on without it (it hung, or stopped): it must not come back
                     c.wait()
-                if c.returncode in (None, 0) or self.store.check([f"lost/{w}"]):
+                if c.returncode in (None, 0) or self.store.is_lost(w):
                     continue
-                if c.returncode < 0 or w in first or self.store.check([f"admit/{w}"]):
+                if c.returncode < 0 or w in first or self.store.admitted(w):
                     # Killed, or a member that died: the others go on without it at once (member.py's
                     # recover; a heartbeat would tell them after liveness_s), a joiner is replaced below.
-                    self.store.set(f"lost/{w}", "exited")
+                    self.store.mark_lost(w, "exited")
                 elif w not in failed_joiners:
                     # Another joiner started the same way would fail the same way.
                     failed_joiners.add(w)
-                    self.store.set("target", str(len(members)))
+                    self.store.set_target(len(members))
                     log = f"; see {os.path.join(self.log_dir, w + '.log')}" if self.log_dir else ""
                     logger.warning("joining process %s failed (exit code %d) before it was admitted; the job stays "
                                    "on %d processes%s", w, c.returncode, len(members), log)
-            for _ in range(int(self.store.get("target")) - len(members) - len(waiting)):
+            for _ in range(self.store.target() - len(members) - len(waiting)):
                 self._spawn(joining=True)
             time.sleep(0.05)
         # A process killed by a signal that the job went on without (member.py's recover) does not fail the job;
         # one that left may still be exiting.
         codes = {w: c.wait() for w, c in self.children.items() if w not in killed}
         return next((code for w, code in codes.items()
-                     if code != 0 and not (code < 0 and self.store.check([f"lost/{w}"]))), 0)
+                     if code != 0 and not (code < 0 and self.store.is_lost(w))), 0)
 

@@ -17,7 +17,6 @@ that does all of this around the user's step).
   them holds, adopting the lost process's workers from their replicated contexts. The result is bitwise the
   fixed run's.
 """
-import json
 import logging
 import os
 import time
@@ -113,7 +112,7 @@ class ElasticMember:
     def _leave_on_sigterm(self) -> None:
         log.warning("%s got SIGTERM: leaving at the next step boundary", self.id)
         self._terminated = True  # a joiner not admitted yet withdraws (_wait_for)
-        client.release(self.store, self.id)
+        self.store.release(self.id)
 
     # -- before training -----------------------------------------------------------------
     def start(self, ddp, optimizer, scheduler, position: Optional[Position] = None) -> Position:
@@ -132,19 +131,18 @@ class ElasticMember:
 
     def _join(self, ddp, optimizer, scheduler) -> Position:
         self._withdraw_if_asked()  # SIGTERM while it prepared: never registers
-        self._wait_for("job_state")  # published by rank 0 at its first step boundary
-        differences = state.kind_differences(json.loads(self.store.get("job_state")),
-                                             state.job_kind(ddp, optimizer, scheduler))
+        self._wait_for(lambda: self.store.job_state() is not None)  # rank 0's, at its first step boundary
+        differences = state.kind_differences(self.store.job_state(), state.job_kind(ddp, optimizer, scheduler))
         if differences:
             raise ValueError(f"this joining process does not hold the running job's state ({differences}): build "
                              "the same model, optimizer and LR scheduler as the members and pass them all: "
                              "member.start(ddp, optimizer, scheduler)")
         faults.reach("registering")
-        self.store.set(f"ready/{self.id}", "1")
+        self.store.register_ready(self.id)
         while True:
-            self.store.append("ready", self.id + "\n")  # one atomic write: a death mid-registration leaves no gap
-            self._wait_for(f"admit/{self.id}")
-            generation = int(self.store.get(f"admit/{self.id}"))
+            self.store.announce_ready(self.id)
+            self._wait_for(lambda: self.store.admitted(self.id))
+            generation = self.store.admission(self.id)
             faults.reach("admitted")
             try:
                 self.membership.enter(generation)
@@ -154,8 +152,8 @@ class ElasticMember:
                 if not recovery.lost_peer(error, self.membership, wait_s=2 * self.liveness_s):  # others go on
                     raise  # without this process, which holds no state; it waits for the next admission
                 self.membership.leave_group()
-                self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(None))  # no state: not a survivor
-                self.store.delete_key(f"admit/{self.id}")
+                self.store.set_holds(generation, self.id, None)  # no state: not a survivor
+                self.store.unadmit(self.id)
                 log.warning("%s: a member was lost as generation %d formed; waiting to be admitted again", self.id,
                             generation)
         self.joining = False
@@ -163,15 +161,15 @@ class ElasticMember:
         ddp.on_step_contexts = self._replicate
         return position
 
-    def _wait_for(self, key: str) -> None:
-        """Wait for `key` in the job store; a SIGTERM meanwhile withdraws this joiner (it exits)."""
-        while not self.store.check([key]):
+    def _wait_for(self, done: Callable[[], bool]) -> None:
+        """Wait until `done()` (what the job store says); a SIGTERM meanwhile withdraws this joiner (it exits)."""
+        while not done():
             self._withdraw_if_asked()
             time.sleep(0.05)
 
     def _withdraw_if_asked(self) -> None:
         if self._terminated:
-            self.store.set(f"lost/{self.id}", "withdrew")
+            self.store.mark_lost(self.id, "withdrew")
             log.warning("%s withdrew before it joined the job", self.id)
             raise SystemExit(0)
 
@@ -195,12 +193,11 @@ class ElasticMember:
         decision = [None]
         if self.rank == 0:
             if not self._published:
-                self.store.set("job_state", json.dumps(state.job_kind(ddp, optimizer, scheduler)))
+                self.store.publish_job_state(state.job_kind(ddp, optimizer, scheduler))
                 self._published = True
             # What a scheduler reads: how far the job is, on how many processes (one small write a step).
-            self.store.set("progress", json.dumps({"step": position.step, "epoch": position.epoch,
-                                                   "total": self.total_steps, "procs": len(self.members),
-                                                   "time": time.time()}))
+            self.store.set_progress({"step": position.step, "epoch": position.epoch, "total": self.total_steps,
+                                     "procs": len(self.members), "time": time.time()})
             decision[0] = self.scaling.next_members(ddp.world_size, block)
             if decision[0] is None and proposal is not None:
                 decision[0] = self.members  # the same processes, another split
@@ -215,16 +212,16 @@ class ElasticMember:
         old = self.members
         generation = self.generation + 1
         for v, ctx in ddp.export_contexts().items():
-            self.store.set(f"gen/{generation}/ctx/{v}", ctx)
+            self.store.set_context(generation, v, ctx)
         if self.rank == 0:
-            self.store.set(f"gen/{generation}/position", json.dumps(astuple(position)))
-            self.store.set(f"gen/{generation}/members", json.dumps(members))
+            self.store.set_position(generation, astuple(position))
+            self.store.set_members(generation, members)
             # A membership change splits evenly (a joiner's speed is unknown); a rebalance as proposed.
             ranges = ranges_of(proposal) if members == self.members else even_ranges(ddp.world_size, len(members))
-            self.store.set(f"gen/{generation}/ranges", json.dumps(ranges))
+            self.store.set_ranges(generation, ranges)
             for who in members:
                 if who not in old:
-                    self.store.set(f"admit/{who}", str(generation))
+                    self.store.admit(who, generation)
         faults.reach("admitting")
         dist.barrier()
         if self.id not in members:
@@ -237,7 +234,7 @@ class ElasticMember:
     def _stop(self, position: Position, checkpointer) -> None:
         """Every process leaves: the job ends here, saved if it can be."""
         if self.rank == 0:  # stopped, not finished: what a supervisor needs to queue the job again
-            self.store.set("stopped", str(position.step))
+            self.store.set_stopped(position.step)
         if checkpointer is not None:
             checkpointer.save(position)
         elif self.rank == 0:
@@ -250,7 +247,7 @@ class ElasticMember:
         """Take the job's state from process `src` (a survivor: rank 0 after a scale event) and this
         process's virtual workers' contexts (from the scale event's export unless `context_of`)."""
         generation = self.generation
-        step, epoch, step_in_epoch = json.loads(self.store.get(f"gen/{generation}/position"))
+        step, epoch, step_in_epoch = self.store.position(generation)
         ddp.process_group = dist.group.WORLD
         faults.reach("adopting")
         ddp.broadcast_state(src=src)
@@ -258,9 +255,9 @@ class ElasticMember:
         dist.broadcast_object_list(states, src=src)  # pickles for us
         if self.rank != src:
             state.load_training_state(states[0], ddp, optimizer, scheduler)
-        lo, hi = json.loads(self.store.get(f"gen/{generation}/ranges"))[self.rank]
+        lo, hi = self.store.ranges(generation)[self.rank]
         exported = context_of is None
-        context_of = context_of or (lambda v: self.store.get(f"gen/{generation}/ctx/{v}"))
+        context_of = context_of or (lambda v: self.store.context(generation, v))
         contexts = {v: context_of(v) for v in range(lo, hi)}
         ddp.reconfigure(dist.group.WORLD, contexts, virtual_ranks=(lo, hi))
         # What a loss in the next steps goes back to, in this process's own slots: its next replication must
@@ -271,11 +268,11 @@ class ElasticMember:
         dist.barrier()
         if exported and self.rank == 0:  # everyone has adopted: the store need not keep the contexts
             for v in range(ddp.world_size):
-                self.store.delete_key(f"gen/{generation}/ctx/{v}")
+                self.store.drop_context(generation, v)
         position = self._replicated = Position(step, epoch, step_in_epoch)
         if self.hooks:
             if old is None:  # a joiner learns the previous members from the store
-                old = json.loads(self.store.get(f"gen/{generation - 1}/members"))
+                old = self.store.members(generation - 1)
             event = ScaleEvent(step=step, old_procs=len(old), new_procs=len(self.members), generation=generation,
                                ranges=[tuple(r) for r in ddp.ranges],
                                seconds=time.perf_counter() - start if start is not None else 0.0,
@@ -319,7 +316,7 @@ class ElasticMember:
         else:  # the last replicated state: steps since under no_sync() (their kept gradients) are redone
             position = self._replicated
         old, generation = self.members, self.generation
-        self.store.set(f"gen/{generation}/holds/{self.id}", json.dumps(astuple(position)))
+        self.store.set_holds(generation, self.id, astuple(position))
         decision = recovery.decide_survivors(self.membership, self.replicas, ddp.world_size,
                                              self.membership.timeout.total_seconds())
         if "error" in decision:
@@ -330,9 +327,9 @@ class ElasticMember:
                                "job went on without it") from error
         members, new = decision["members"], decision["generation"]
         step = decision["position"][0]
-        self.store.set(f"gen/{new}/position", json.dumps(decision["position"]))
-        self.store.set(f"gen/{new}/ranges", json.dumps(even_ranges(ddp.world_size, len(members))))
-        self.store.set(f"gen/{new}/members", json.dumps(members))
+        self.store.set_position(new, decision["position"])
+        self.store.set_ranges(new, even_ranges(ddp.world_size, len(members)))
+        self.store.set_members(new, members)
         log.warning("%s: lost %s; continuing on %d processes from step %d", self.id,
                     ", ".join(decision["lost"]) or "no process", len(members), step)
         self.membership.enter(new)

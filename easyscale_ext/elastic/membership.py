@@ -9,7 +9,6 @@ machine, a stopped process) would otherwise fail no collective before the group'
 """
 import atexit
 import functools
-import json
 import logging
 import os
 import socket
@@ -57,12 +56,12 @@ class Membership:
 
     def lost(self, who: str) -> bool:
         """Whether `who` is known lost: its launcher saw it exit, or its heartbeat lapsed."""
-        return self.store.check([f"lost/{who}"]) or self.liveness.stale(who)
+        return self.store.is_lost(who) or self.liveness.stale(who)
 
     def enter(self, generation: int) -> None:
         """Form generation `generation`'s process group with its members (leaving the current one)."""
         self.generation = generation
-        self.members = json.loads(self.store.get(f"gen/{generation}/members"))
+        self.members = self.store.members(generation)
         if self.id not in self.members:
             raise RuntimeError(f"worker {self.id} is not a member of generation {generation}: {self.members}")
         self.leave_group()
@@ -72,7 +71,7 @@ class Membership:
             # NCCL's watchdog ending the process. Read as the group forms; a setting of the user's stands.
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         before = _sockets()
-        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}", self.store),
+        dist.init_process_group(self.backend, store=self.store.group_store(generation),
                                 rank=self.rank, world_size=len(self.members), timeout=self.timeout)
         self._watch = (generation, list(self.members), self._cutter(before))
 
@@ -102,7 +101,7 @@ class Membership:
                 return self.enter(generation)
             except MemberLost:
                 survivors = [m for m in self.members if not self.lost(m)]
-                self.store.compare_set(f"gen/{generation + 1}/members", "", json.dumps(survivors))
+                self.store.propose_members(generation + 1, survivors)
                 generation += 1
 
     def close(self) -> None:
@@ -125,9 +124,9 @@ class Membership:
     def _await_members(self, generation: int) -> None:
         """Wait until every member of `generation` is there to form its group; a member lost before
         (e.g. a joiner killed after it was admitted) raises MemberLost instead of stalling the rest."""
-        self.store.set(f"gen/{generation}/arrived/{self.id}", "1")
+        self.store.arrive(generation, self.id)
         while True:
-            missing = [m for m in self.members if not self.store.check([f"gen/{generation}/arrived/{m}"])]
+            missing = [m for m in self.members if not self.store.arrived(generation, m)]
             if not missing:
                 return
             lost = [m for m in missing if self.lost(m)]
@@ -143,13 +142,13 @@ class Membership:
         liveness, cut = Liveness(store, self.liveness_s), None
         try:
             while not self._closing.is_set():
-                store.add(f"beat/{self.id}", 1)
+                store.beat(self.id)
                 watch = self._watch
                 lapsed = [m for m in watch[1] if m != self.id and liveness.stale(m)] if watch else []
                 if lapsed and watch[0] != cut:
                     cut = watch[0]
                     for m in lapsed:  # recover() need not wait out another liveness_s to see it
-                        store.set(f"lost/{m}", "no heartbeat")
+                        store.mark_lost(m, "no heartbeat")
                     log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's group",
                                 self.id, ", ".join(lapsed), self.liveness_s, cut)
                     watch[2]()
@@ -167,7 +166,7 @@ class Liveness:
         self.seen: Dict[str, Tuple[int, float]] = {}  # process -> (its last beat count, when first seen here)
 
     def stale(self, who: str) -> bool:
-        beat, now = int(self.store.add(f"beat/{who}", 0)), time.monotonic()
+        beat, now = self.store.beat(who, 0), time.monotonic()
         if beat == 0:
             return False
         seen = self.seen.get(who)

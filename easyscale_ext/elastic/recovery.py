@@ -10,7 +10,6 @@ them holds, and its holder.
 Whether an error is a lost process is decided from its type and from the job store (a member lost, or one
 already recovering), never from its text: a training bug whose message mentions gloo is a training bug.
 """
-import json
 import logging
 import time
 import traceback
@@ -46,16 +45,16 @@ class Replicas:
         slot = self._written % CONTEXT_SLOTS
         tag = f"{step} {self.membership.generation} {self._written}\n".encode()
         self._written += 1
-        self.store.multi_set([f"live/{slot}/ctx/{v}" for v in contexts], [tag + ctx for ctx in contexts.values()])
+        self.store.replicate(slot, tag, contexts)
 
     def context(self, v: int, step: int) -> Tuple[Optional[bytes], List[int]]:
         """Virtual worker v's newest replicated context for `step` (None if the store holds none), and the
         steps the store holds for it."""
         found = []
         for slot in range(CONTEXT_SLOTS):
-            key = f"live/{slot}/ctx/{v}"
-            if self.store.check([key]):
-                tag, ctx = self.store.get(key).split(b"\n", 1)
+            replica = self.store.replica(slot, v)
+            if replica is not None:
+                tag, ctx = replica.split(b"\n", 1)
                 found.append((tuple(int(x) for x in tag.split()), ctx))
         held = [(order, ctx) for (s, *order), ctx in found if s == step]
         newest = max(held, key=lambda h: h[0])[1] if held else None
@@ -74,7 +73,7 @@ def lost_peer(error: BaseException, membership: Membership, wait_s: float) -> bo
     m, deadline = membership, time.monotonic() + wait_s
     others = [x for x in m.members if x != m.id]
     while others:
-        if any(m.store.check([f"gen/{m.generation}/holds/{x}"]) or m.lost(x) for x in others):
+        if any(m.store.said_holds(m.generation, x) or m.lost(x) for x in others):
             return True
         if time.monotonic() > deadline:
             break
@@ -87,7 +86,7 @@ def report_training_error(error: BaseException, membership: Membership) -> None:
     without it."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
-        membership.store.set(f"failed/{membership.id}", text)
+        membership.store.report_failure(membership.id, text)
     except Exception:  # the store is gone: nobody is left to tell
         pass
 
@@ -96,28 +95,27 @@ def decide_survivors(membership: Membership, replicas: Replicas, world_size: int
     """Wait until every member of the current generation has said which step it holds or is lost; the
     first process to see that decides for all (compare_set)."""
     m, store, generation = membership, membership.store, membership.generation
-    key = f"gen/{generation}/recovery"
     deadline = time.monotonic() + timeout_s
-    while not store.check([key]):
-        failed = [x for x in m.members if store.check([f"failed/{x}"])]
+    while (decision := store.recovery(generation)) is None:
+        failed = [(x, text) for x in m.members if (text := store.failure(x)) is not None]
         if failed:
-            return {"failed": failed[0], "error": f"process {failed[0]} failed in the training code, not by a lost connection; the "
-                             f"job stops. Its error:\n{store.get(f'failed/{failed[0]}').decode()}"}
-        held = [x for x in m.members if store.check([f"gen/{generation}/holds/{x}"])]
+            return {"failed": failed[0][0], "error": f"process {failed[0][0]} failed in the training code, not by a "
+                    f"lost connection; the job stops. Its error:\n{failed[0][1]}"}
+        held = [x for x in m.members if store.said_holds(generation, x)]
         lost = [x for x in m.members if x not in held and m.lost(x)]
         if len(held) + len(lost) == len(m.members):
-            store.compare_set(key, "", json.dumps(_survivors(m, replicas, held, lost, world_size)))
-            break
+            store.propose_recovery(generation, _survivors(m, replicas, held, lost, world_size))
+            continue
         if time.monotonic() > deadline:
             return {"error": f"no recovery decision within {timeout_s} s: the members that neither failed "
                              "nor lost their heartbeat are still in the step"}
         time.sleep(0.02)
-    return json.loads(store.get(key))
+    return decision
 
 
 def _survivors(m: Membership, replicas: Replicas, held: List[str], lost: List[str], world_size: int) -> dict:
     generation = m.generation
-    holds = {x: json.loads(m.store.get(f"gen/{generation}/holds/{x}")) for x in held}
+    holds = {x: m.store.holds(generation, x) for x in held}
     held = [x for x in held if holds[x] is not None]  # a joiner that had not taken the job's state yet
     if not held:
         return {"error": "every process holding the job's state was lost: restart it from its last checkpoint"}
@@ -129,10 +127,8 @@ def _survivors(m: Membership, replicas: Replicas, held: List[str], lost: List[st
             return {"error": f"virtual worker {v}'s context for step {step} is not in the job store (it holds "
                              f"steps {steps or 'none'}): the job cannot continue in place; restart it from its "
                              "last checkpoint"}
-    latest = generation
-    while m.store.check([f"gen/{latest + 1}/members"]):  # a scale event may have published one
-        latest += 1
+    latest = m.store.current_generation(since=generation)  # a scale event may have published one
     for x in lost:
-        m.store.set(f"lost/{x}", str(generation))
+        m.store.mark_lost(x, str(generation))
     return {"members": held, "lost": lost, "source": source, "position": holds[source],
             "generation": latest + 1}

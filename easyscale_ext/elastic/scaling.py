@@ -1,7 +1,6 @@
 """Scaling decisions at a step boundary: rank 0 reads the job store (named departures, the target process
 count, joiners that are ready, a requested split) and the Balancer's proposal, and says what the next
 generation is. Every process learns the decision by broadcast (member.py)."""
-import json
 import logging
 import time
 from typing import List, Optional
@@ -30,7 +29,7 @@ class ScalingDecisions:
         leaving = self._departures()
         if leaving:
             staying = [m for m in members if m not in leaving]
-            self.store.set("target", str(max(len(staying), 1)))
+            self.store.set_target(max(len(staying), 1))
             return staying
         decision = self._decide(world_size)
         while block and decision is None and self._pending():
@@ -49,9 +48,8 @@ class ScalingDecisions:
             dist.all_gather_object(seconds, ddp.seconds_per_worker())
             if m.rank == 0 and None not in seconds:
                 proposal = self.balancer.propose(step, [hi - lo for lo, hi in ddp.ranges], seconds)
-        if m.rank == 0 and self.store.check(["split"]):
-            requested = json.loads(self.store.get("split"))
-            self.store.delete_key("split")
+        requested = self.store.take_split() if m.rank == 0 else None
+        if requested is not None:
             if valid_split(requested, ddp.world_size, len(m.members)):
                 return requested
             log.warning("ignoring the split %s: it needs %d sizes >= 1 summing to %d", requested,
@@ -60,25 +58,24 @@ class ScalingDecisions:
 
     def _departures(self) -> List[str]:
         """Members that asked to leave since rank 0 last looked (requests for former members are dropped)."""
-        if not self.store.check(["releases"]):
-            return []
-        asked = self.store.get("releases").decode().split()
+        asked = self.store.releases()
         new, self._releases_seen = asked[self._releases_seen:], len(asked)
         return [m for m in self.membership.members if m in new]
 
     def _pending(self) -> bool:
-        return self.store.check(["target"]) and int(self.store.get("target")) != len(self.membership.members)
+        target = self.store.target()
+        return target is not None and target != len(self.membership.members)
 
     def _decide(self, world_size: int) -> Optional[List[str]]:
         members = self.membership.members
-        if not self.store.check(["target"]):
+        target = self.store.target()
+        if target is None:
             return None
-        target = int(self.store.get("target"))
         if target > world_size:  # every process needs a virtual worker
             log.warning("%d processes requested but the job has %d virtual workers; scaling to %d",
                         target, world_size, world_size)
             target = world_size
-            self.store.set("target", str(target))
+            self.store.set_target(target)
         if target == len(members):
             return None
         if target < len(members):
@@ -89,8 +86,6 @@ class ScalingDecisions:
         return members + ready[:target - len(members)]
 
     def _ready_joiners(self) -> List[str]:
-        if not self.store.check(["ready"]):
-            return []
-        return [who for who in dict.fromkeys(self.store.get("ready").decode().split())
-                if not any(self.store.check([f"{k}/{who}"]) for k in ("admit", "lost"))
+        return [who for who in self.store.ready()
+                if not self.store.admitted(who) and not self.store.is_lost(who)
                 and not self.membership.liveness.stale(who)]

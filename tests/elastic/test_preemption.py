@@ -178,4 +178,4 @@ def test_sigterm_to_a_forked_child_ends_it_and_releases_nothing(member):
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
     assert done[0] == child and os.WIFSIGNALED(done[1]) and os.WTERMSIG(done[1]) == signal.SIGTERM
-    assert not member.store.check(["releases"])
+    assert not member.store.releases()

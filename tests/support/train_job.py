@@ -365,7 +365,9 @@ def run_easyscale(args, model, data, opt):
     if member is not None and kills.get(member.id, (0, ""))[1] in ("ready", "ready-term"):
         def kill_when_ready():  # a joiner killed (or asked to leave) once it has registered
             from easyscale_ext.elastic import STORE_ENV, connect
-            connect(os.environ[STORE_ENV]).wait([f"ready/{member.id}"])  # a connection of its own
+            store = connect(os.environ[STORE_ENV])  # a connection of its own
+            while not store.registered(member.id):
+                time.sleep(0.01)
             signal_self(signal.SIGKILL if kills[member.id][1] == "ready" else signal.SIGTERM, "ready", 0)
         threading.Thread(target=kill_when_ready, daemon=True).start()
     if member is not None and kills.get(member.id) == (0, "start-term"):  # SIGTERM while it prepared
@@ -439,7 +441,7 @@ def run_easyscale(args, model, data, opt):
                         if args.sigterm_twice:  # an impatient one: the second terminates at once
                             signal_self(signal.SIGTERM, "boundary", step)
                     if step in schedule and ddp.rank == 0:
-                        member.store.set("target", str(schedule[step]))
+                        member.store.set_target(schedule[step])
                     if step == args.split_at and ddp.rank == 0:
                         member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
                     if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block), checkpointer=ckpt):
