@@ -14,7 +14,6 @@ import contextlib
 import copy
 import faulthandler
 import hashlib
-import json
 import os
 import random
 import signal
@@ -443,7 +442,7 @@ def run_easyscale(args, model, data, opt):
                     if step in schedule and ddp.rank == 0:
                         member.store.set_target(schedule[step])
                     if step == args.split_at and ddp.rank == 0:
-                        member.store.set("split", json.dumps([int(k) for k in args.split.split(",")]))
+                        member.store.request_split([int(k) for k in args.split.split(",")])
                     if not member.step_boundary(ddp, opt, sched, here, block=bool(args.block), checkpointer=ckpt):
                         return False
                     loader.reassign(ddp.local_ranks)
