@@ -2,30 +2,8 @@
 a key.
 
 The store is a torch TCPStore hosted by the job's host (`easyscale run`'s launcher, a cluster job's supervisor),
-every key under the job's secret (client.keyed). Keys, by family:
-
-| key | written by | read by |
-|---|---|---|
-| `keyed` (outside the secret) | the host | a client without the secret, which is told it lacks it |
-| `target` | the host (first size; a joiner that failed), tools (`request_scale`), rank 0 (after departures) | rank 0 (scaling), the host (starts joiners) |
-| `split` | tools (`request_split`), the supervisor | rank 0, which takes it |
-| `releases` | tools (`request_release`), the supervisor, by appending a line | rank 0 (departures) |
-| `ready`, `ready/W` | a joiner, once prepared (appended; and its own key) | rank 0 (admission) |
-| `admit/W` | rank 0: the generation joiner W enters | the joiner; the host (admitted or waiting) |
-| `lost/W` | the host (exited, withdrawn), heartbeats (lapsed), recovery (left behind), a joiner (withdrew) | every member, the host |
-| `failed/W` | a member whose training code raised | the survivors (the job stops) |
-| `beat/W` | W's heartbeat thread (a counter) | every member's heartbeat thread |
-| `job_state` | rank 0 at its first step boundary: the job's kind | joiners (checked against theirs), tools (N) |
-| `progress` | rank 0 at every step boundary | the supervisor (`easyscale status`, the scheduler) |
-| `stopped` | rank 0 when every process left at a boundary: the step | the supervisor (suspended, not finished) |
-| `gen/G/members` | the host (G = 0), rank 0 (scale event), the survivors (recovery, first wins) | every process |
-| `gen/G/position`, `gen/G/ranges` | rank 0 (scale event), the recovering survivors | the members of G |
-| `gen/G/ctx/V` | each member at a scale event: its virtual workers' contexts | G's members; rank 0 drops them |
-| `gen/G/holds/W` | a member of G recovering: the step it holds (a joiner: none) | the survivors' decision |
-| `gen/G/recovery` | the first survivor to see every member held or lost | every survivor |
-| `gen/G/arrived/W` | W entering G | G's members, before its group forms |
-| `genG/...` | torch's process group of G | torch |
-| `live/S/ctx/V` | each member every synced step: replicated contexts, in slots S in turn | the survivors |
+every key under the job's secret (client.keyed). docs/ARCHITECTURE.md, "The job store", tables every key family:
+who writes it and who reads it.
 """
 import json
 from typing import Dict, List, Optional, Sequence
