@@ -103,7 +103,7 @@ class Scheduler:
         self.answers: Dict[str, dict] = {}  # job id -> its supervisor's last answer, as the job table has it
         self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
         self.placing: Dict[ray.ObjectRef, tuple] = {}  # supervisors' place() calls not known to have succeeded
-        # yet -> (job id, whether it was the job's first)
+        # yet -> (job id, whether it was the job's first, the supervisor asked)
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
         self.rounds: List[float] = []  # seconds each round took (decision and actuation)
@@ -117,7 +117,7 @@ class Scheduler:
             if job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
                 # a supervisor still starting was lost with it, which left the job running with no process
                 ref = supervisor.place.remote(job["nodes"], [self._type(n) for n in job["nodes"]])
-                self.placing[ref] = (job["id"], False)
+                self.placing[ref] = (job["id"], False, supervisor)
         for job in self.table.list(("queued",)):  # a supervisor whose round died before the job was marked running
             try:  # has started no process (a round places a job after marking it): end it, its name is the job's
                 ray.kill(ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE))
@@ -301,7 +301,8 @@ class Scheduler:
         starts (it imports torch for the job's store) while the scheduler goes on."""
         first = not self.table.get(job_id)["nodes"]
         types = [self._type(n) for n in nodes]
-        self.placing[self.supervisors[job_id].place.remote(nodes, types)] = (job_id, first)  # not awaited
+        supervisor = self.supervisors[job_id]
+        self.placing[supervisor.place.remote(nodes, types)] = (job_id, first, supervisor)  # not awaited
         self.table.update(job_id, nodes=nodes)
         if job_id in self.models:
             live.place(self.models[job_id], self._groups(nodes))
@@ -352,10 +353,15 @@ class Scheduler:
     def _round(self) -> None:
         done, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=0)
         for ref in done:
-            job_id, first = self.placing.pop(ref)
+            job_id, first, supervisor = self.placing.pop(ref)
             try:
                 ray.get(ref)
-            except ray.exceptions.RayError:  # logged; a job that never started fails rather than wait forever
+            except ray.exceptions.RayActorError:  # its supervisor died before it placed the job (killed, or lost
+                # with the head node), however far the job had come: it resumes from its checkpoint
+                log.exception("%s: its supervisor died placing the job", job_id)
+                if self.supervisors.get(job_id) == supervisor:  # not already seen lost, and no newer one placing
+                    self._lost_supervisor(job_id)
+            except ray.exceptions.RayError:  # place() raised: a job that never started fails rather than wait forever
                 log.exception("%s: placing the job failed", job_id)
                 if first and job_id in self.supervisors:
                     supervisor = self.supervisors.pop(job_id)
@@ -417,11 +423,8 @@ class Scheduler:
             try:
                 state = ray.get(ref)
             except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
-                self.supervisors.pop(job_id)
-                self._requeue_orphan(job_id)
+                self._lost_supervisor(job_id)
                 left = True
-                for table in (self.followed, self.last_step, self.answers):
-                    table.pop(job_id, None)
                 continue
             if state["done"] is not None:
                 left = True
@@ -464,6 +467,13 @@ class Scheduler:
             live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s, runs=bool(held))
             self.followed[job_id] = now
         return left
+
+    def _lost_supervisor(self, job_id: str) -> None:
+        """The job's supervisor died: forget it, and queue the job to resume from its checkpoint."""
+        self.supervisors.pop(job_id)
+        self._requeue_orphan(job_id)
+        for table in (self.followed, self.last_step, self.answers):
+            table.pop(job_id, None)
 
     def _requeue_orphan(self, job_id: str) -> None:
         """A running job whose supervisor (the host of its store) is lost: its processes, which cannot go on

@@ -218,6 +218,31 @@ def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one
         stop(scheduler)
 
 
+def test_a_job_whose_supervisor_dies_before_it_places_the_job_is_queued_again_not_failed(cluster, tmp_path):
+    """A supervisor killed before it ran (the 30-fault bench under Sia killed one as a resumed job started): its
+    place() fails with the actor's death, which says nothing of the job. The job starts again under a new one
+    and ends with its fixed-size bits (it was taken for a first start that cannot succeed, and failed)."""
+    scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
+    try:
+        job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "hash", 2), 2, 1, 2, "early", ENV))
+        deadline = time.monotonic() + 60
+        while True:  # its first supervisor, as soon as it has a name
+            try:
+                ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))
+                break
+            except ValueError:
+                assert time.monotonic() < deadline, "no supervisor was made"
+                time.sleep(0.01)
+        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
+        while (now := status())["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline + 180, f"did not end: {now}"
+            time.sleep(0.5)
+        assert now["state"] == "finished", now
+        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=4)
+    finally:
+        stop(scheduler)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from_its_checkpoint(cluster, tmp_path,
                                                                                                  sig):
