@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 class JobSupervisor:
     def __init__(self, job_id: str, argv: List[str], env: Dict[str, str], log_dir: str, virtual_workers: int):
         from ..elastic import client  # torch: here, not where the scheduler imports this module
+        from ..elastic.protocol import hosted
 
         self.client = client
         self.job_id, self.argv, self.env, self.log_dir = job_id, list(argv), dict(env), log_dir
@@ -44,7 +45,7 @@ class JobSupervisor:
         self.server = client.serve(host)  # on that address only
         self.address = f"{host}:{self.server.port}"
         self.secret = client.new_secret()  # only the job's processes, given it, reach the job's keys
-        self.store = client.keyed(self.server, self.secret)
+        self.store = hosted(self.server, self.secret)
         self.workers: Dict[str, ray.actor.ActorHandle] = {}  # process name -> its slot's actor
         self.node_of: Dict[str, str] = {}
         self.exit_codes: Dict[str, int] = {}

@@ -4,7 +4,7 @@ a tool may send a running job (`easyscale scale`, a scheduler).
 Every request is checked against the job's state in the store before it is written: one that the job
 cannot take raises ValueError and sends nothing.
 
-A job's keys live under its secret (`keyed`): whoever reaches the store's port without the secret reads and
+A job's keys live under its secret (protocol.hosted): whoever reaches the store's port without the secret reads and
 changes nothing of the job's, and a tool that tries is told so. The job's host (the launcher of `easyscale run`,
 a cluster job's supervisor) makes the secret and hands it to the job's processes in their environment
 ($EASYSCALE_STORE_SECRET); `easyscale run` also leaves it, readable by its user only, where that user's
@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 import torch.distributed as dist
 
 from ..placement import valid_split
-from .protocol import JobStore, hosted, reached
+from .protocol import JobStore, reached
 
 STORE_ENV = "EASYSCALE_STORE"       # host:port of the job store
 ID_ENV = "EASYSCALE_WORKER_ID"
@@ -65,11 +65,6 @@ def serve(host: str, port: int = 0, timeout_s: float = 300.0) -> dist.TCPStore:
 
 def new_secret() -> str:
     return secrets.token_hex(16)
-
-
-def keyed(server: dist.TCPStore, secret: str) -> JobStore:
-    """The job's view of the store it hosts (`serve`): every key under `secret`."""
-    return hosted(server, secret)
 
 
 def secret_file(address: str) -> str:

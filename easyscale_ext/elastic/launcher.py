@@ -9,7 +9,8 @@ import time
 from typing import Dict, Optional, Sequence
 
 
-from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, keyed, new_secret, serve
+from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, new_secret, serve
+from .protocol import hosted
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class ElasticLauncher:
         self.server = serve(host, port)
         self.address = f"{host}:{self.server.port}"
         self.secret = new_secret()
-        self.store = keyed(self.server, self.secret)
+        self.store = hosted(self.server, self.secret)
         self.cpus = list(cpus or [])
         self.env_per_process = list(env_per_process or [{}])
         self.children: Dict[str, subprocess.Popen] = {}

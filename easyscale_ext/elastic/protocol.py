@@ -2,7 +2,7 @@
 a key.
 
 The store is a torch TCPStore hosted by the job's host (`easyscale run`'s launcher, a cluster job's supervisor),
-every key under the job's secret (client.keyed). docs/ARCHITECTURE.md, "The job store", tables every key family:
+every key under the job's secret (`hosted`). docs/ARCHITECTURE.md, "The job store", tables every key family:
 who writes it and who reads it.
 """
 import json
