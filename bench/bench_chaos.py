@@ -203,8 +203,10 @@ class Chaos:
             timer.join()
 
     def finish(self, timeout: float):
+        from easyscale_ext.sched.lifecycle import LIVE
+
         deadline = time.monotonic() + timeout
-        while any(self.latest(j)[1] in ("queued", "running") for j in self.ids):
+        while any(self.latest(j)[1] in LIVE for j in self.ids):
             if time.monotonic() > deadline:
                 break
             time.sleep(1)

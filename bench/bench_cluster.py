@@ -79,7 +79,7 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
             ray.get(scheduler.unreserve.remote())
             suspend_all_at = None
         jobs = ray.get(scheduler.status.remote())
-        if not pending and all(j["state"] not in ("queued", "running") for j in jobs):
+        if not pending and all(j["state"] not in LIVE for j in jobs):
             break
         time.sleep(0.5)
     failed = [j["id"] for j in jobs if j["state"] != "finished"]

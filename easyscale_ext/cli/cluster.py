@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 
+from ..sched.lifecycle import HOLDING, LIVE
 from .errors import UsageError
 
 
@@ -357,7 +358,7 @@ def _from_table(saved: dict, job_id, ended):
     if job_id and not jobs:
         raise UsageError(no_such_job(job_id))
     for job in jobs:
-        if job["state"] != "running":  # its last answer is history
+        if job["state"] not in HOLDING:  # its last answer is history
             job["live"] = None
     return described["nodes"], jobs
 
@@ -383,11 +384,9 @@ def status(args) -> int:
         where = ", ".join(f"{n}x {node[:8]}" for node, n in Counter(live.get("nodes", [])).items())
         rate = f"{1 / job['step_s']:.2f}" if job.get("step_s") else ""
         step = f"{progress['step']}/{progress.get('total') or '?'}" if progress else ""
-        state = "suspended" if job["state"] == "queued" and (job.get("note") or "").startswith("suspended") \
-            else job["state"]
-        note = f"  ({job['note']})" if job["state"] == "queued" and job.get("note") else ""
-        print(f"{job['id']:<24} {state:<10} {where:<28} {rate:>8} {step:>12}{note}")
-    if not args.job and not args.all and sum(j["state"] not in ("queued", "running") for j in jobs) == SHOWN_ENDED:
+        note = f"  ({job['note']})" if job["state"] in LIVE and job.get("note") else ""
+        print(f"{job['id']:<24} {job['state']:<10} {where:<28} {rate:>8} {step:>12}{note}")
+    if not args.job and not args.all and sum(j["state"] not in LIVE for j in jobs) == SHOWN_ENDED:
         print(f"(the {SHOWN_ENDED} jobs that ended last; `easyscale status --all` lists every one)")
     return 0
 
@@ -396,8 +395,7 @@ def logs(args) -> int:
     ray, scheduler = _connect(_saved())
     offset = 0
     while True:  # with -f, the state is read before the output, so the output read after an end is all of it
-        ended = not args.follow or _call(ray, scheduler.status.remote(args.job))[0]["state"] not in ("queued",
-                                                                                                   "running")
+        ended = not args.follow or _call(ray, scheduler.status.remote(args.job))[0]["state"] not in LIVE
         chunk = _call(ray, scheduler.log.remote(args.job, args.worker, offset))
         sys.stdout.write(chunk.decode(errors="replace"))
         sys.stdout.flush()

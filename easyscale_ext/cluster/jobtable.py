@@ -12,7 +12,8 @@ import time
 import uuid
 from typing import List, Optional
 
-STATES = ("queued", "running", "finished", "failed", "cancelled")
+from ..sched.lifecycle import ENDED, LIVE, IllegalMove, JobState, sources
+
 _JSON = ("argv", "env", "nodes", "live")
 _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TEXT", "virtual_workers": "INTEGER",
             "min_procs": "INTEGER", "max_procs": "INTEGER", "state": "TEXT", "submitted": "REAL", "started": "REAL",
@@ -68,29 +69,50 @@ class JobTable:
         return job_id
 
     def update(self, job_id: str, **fields) -> None:
+        """Set a job's `fields`; its state changes through `move` only."""
+        if "state" in fields:
+            raise ValueError("a job's state changes by JobTable.move, which checks the move is legal")
+        self._set(job_id, None, fields)
+
+    def move(self, job_id: str, to: JobState, **fields) -> None:
+        """Move a job to state `to` (setting `fields` with it), if lifecycle.MOVES allows it from the state it is
+        in; else IllegalMove, and nothing changes."""
+        to = JobState(to)
+        if not self._set(job_id, to, dict(fields, state=str(to))):
+            job = self.get(job_id)
+            raise IllegalMove(f"job {job_id!r} cannot move to {to.value}: it is "
+                              f"{job['state'] if job else 'not in the table'}")
+
+    def _set(self, job_id: str, to: Optional[JobState], fields: dict) -> bool:
+        """Whether the job's row changed: only from a state `to` may be reached from, if `to`."""
         values = [json.dumps(v) if k in _JSON else v for k, v in fields.items()]
+        where, args = "id = ?", [job_id]
+        if to is not None:
+            where += f" AND state IN ({', '.join('?' * len(sources(to)))})"
+            args += list(map(str, sources(to)))
         with self.lock:
             self.db.execute("BEGIN")  # a job's slots and the timeline's entry for them: both or neither
             try:
-                self.db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-                                values + [job_id])
-                if "nodes" in fields:
+                changed = self.db.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE {where}",
+                                          values + args).rowcount
+                if changed and "nodes" in fields:
                     self.db.execute("INSERT INTO allocations VALUES (?, ?, ?)",
                                     (time.time(), job_id, json.dumps(fields["nodes"])))
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
             self.db.execute("COMMIT")
+        return bool(changed)
 
     def get(self, job_id: str) -> Optional[dict]:
         with self.lock:
             row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _decode(row) if row else None
 
-    def list(self, states=STATES) -> List[dict]:
+    def list(self, states=tuple(JobState)) -> List[dict]:
         with self.lock:
             rows = self.db.execute(f"SELECT * FROM jobs WHERE state IN ({', '.join('?' * len(states))}) "
-                                   "ORDER BY submitted", tuple(states)).fetchall()
+                                   "ORDER BY submitted", tuple(map(str, states))).fetchall()
         return [_decode(r) for r in rows]
 
     def shown(self, job_id: Optional[str] = None, ended: Optional[int] = None) -> List[dict]:
@@ -101,14 +123,14 @@ class JobTable:
             return [job] if job else []
         if ended is None:
             return self.list()
-        return sorted(self.list(("queued", "running")) + self.ended(ended), key=lambda j: j["submitted"])
+        return sorted(self.list(LIVE) + self.ended(ended), key=lambda j: j["submitted"])
 
     def ended(self, limit: int) -> List[dict]:
         """The `limit` jobs that ended last (finished, failed or cancelled), in submission order."""
         with self.lock:
-            rows = self.db.execute("SELECT * FROM (SELECT * FROM jobs WHERE state IN ('finished', 'failed', "
-                                   "'cancelled') ORDER BY finished DESC LIMIT ?) ORDER BY submitted",
-                                   (limit,)).fetchall()
+            rows = self.db.execute(f"SELECT * FROM (SELECT * FROM jobs WHERE state IN ({', '.join('?' * len(ENDED))})"
+                                   " ORDER BY finished DESC LIMIT ?) ORDER BY submitted",
+                                   tuple(map(str, ENDED)) + (limit,)).fetchall()
         return [_decode(r) for r in rows]
 
     def allocations(self) -> List[tuple]:
@@ -132,7 +154,6 @@ class JobTable:
         with self.lock:
             return [tuple(r) for r in self.db.execute("SELECT id, node FROM reservations ORDER BY id")]
 
-
     def describe(self, nodes: List[dict]) -> None:
         """The nodes as the scheduler (this process) sees them now (each: node, type, slots, reserved, held)."""
         with self.lock:
@@ -150,4 +171,5 @@ def _decode(row) -> dict:
     job = dict(row)
     for k in _JSON:
         job[k] = json.loads(job[k]) if job[k] is not None else None
+    job["state"] = JobState(job["state"])
     return job

@@ -16,7 +16,8 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 import ray
@@ -24,6 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import determinism
 from ..sched import live
+from ..sched.lifecycle import HOLDING, LIVE, WAITING, JobState
 from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
 from ..sched.models.cluster import Cluster, placement_of
 from ..sched.models.traces import data_dir
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 HEAD = "node:__internal_head__"  # the resource Ray gives its head node only
+ROUNDS_KEPT = 10_000  # the latest rounds' durations (round_seconds): a week of minute rounds, at most 80 kB
 
 
 def launch(state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0, slot_type: str = "t4",
@@ -71,6 +74,28 @@ def policy_view(capacity: Dict[str, int], types: Dict[str, str]) -> Tuple[List[s
                              tuple(capacity[n] for n in node_ids), tuple(types[n] for n in node_ids))
 
 
+@dataclass
+class Tracked:
+    """What the scheduler knows of a live job beyond its row of the job table: one record, dropped whole when the job
+    ends (a restarted scheduler builds it again from the table)."""
+    model: object = None  # the policy's model of it (sched.live), from the first round that sees it
+    supervisor: Optional[ray.actor.ActorHandle] = None  # while it holds slots (running, suspending)
+    placing: Dict[ray.ObjectRef, tuple] = field(default_factory=dict)  # its supervisor's place() calls not known to
+    # have succeeded yet -> (whether it was the job's first, the supervisor asked)
+    followed: Optional[float] = None  # when its model last followed it
+    last_step: Optional[tuple] = None  # (time, step, its members' nodes if its model's) of its last progress report
+    step_s: Optional[float] = None  # seconds per step measured over its last round
+    answer: Optional[dict] = None  # its supervisor's last answer, as the job table has it
+
+    def leave_slots(self) -> None:
+        """It holds no slot now: what its supervisor said goes; its model keeps its history (attained service,
+        progress) for when it resumes."""
+        self.supervisor, self.placing, self.followed, self.last_step, self.step_s, self.answer = None, {}, None, \
+            None, None, None
+        if self.model is not None:
+            self.model.allocate({}, 0.0)
+
+
 @ray.remote(num_cpus=0)
 class Scheduler:
     def __init__(self, state_dir: str, policy: Union[str, Policy] = "fifo", round_s: float = 60.0,
@@ -89,37 +114,31 @@ class Scheduler:
         os.makedirs(state_dir, exist_ok=True)
         self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
         self.preempt = preempt  # the policy and reservations may suspend a job
-        self.suspending: Dict[str, str] = {}  # job id -> why it is being suspended
         self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
         self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
         self.policy = Limits(POLICIES[policy](0) if isinstance(policy, str) else policy, preempt)
         self.policy_name = self.policy.name
         self.apps = Applications(data_dir(data))
-        self.models: Dict[str, object] = {}  # job id -> the policy's model of it (sched.live)
-        self.followed: Dict[str, float] = {}  # job id -> when its model last followed it
-        self.last_step: Dict[str, tuple] = {}  # job id -> (time, step, its members' nodes if its model's) of its last
-        # progress report
-        self.step_s: Dict[str, float] = {}  # job id -> seconds per step measured over its last round
-        self.answers: Dict[str, dict] = {}  # job id -> its supervisor's last answer, as the job table has it
-        self.supervisors: Dict[str, ray.actor.ActorHandle] = {}
-        self.placing: Dict[ray.ObjectRef, tuple] = {}  # supervisors' place() calls not known to have succeeded
-        # yet -> (job id, whether it was the job's first, the supervisor asked)
+        self.jobs: Dict[str, Tracked] = {}  # live job id -> its record
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
-        self.rounds: List[float] = []  # seconds each round took (decision and actuation)
+        self.rounds = deque(maxlen=ROUNDS_KEPT)  # seconds each round took (decision and actuation), the latest
         self.lock = threading.Lock()  # a round and a verb that changes allocations never interleave
-        for job in self.table.list(("running",)):  # a restarted scheduler takes its running jobs back
+        for job in self.table.list(HOLDING):  # a restarted scheduler takes back the jobs that hold slots
             try:
-                self.supervisors[job["id"]] = supervisor = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
+                supervisor = ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE)
             except ValueError:  # its supervisor is gone (with the head node): it resumes from its checkpoint
-                self._requeue_orphan(job["id"])
+                self._orphaned(job["id"])
                 continue
-            if job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
+            record = self.jobs[job["id"]] = Tracked(supervisor=supervisor)
+            if job["state"] == JobState.SUSPENDING:  # asked again: the dead scheduler's call may be lost with it
+                supervisor.suspend.remote()
+            elif job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
                 # a supervisor still starting was lost with it, which left the job running with no process
                 ref = supervisor.place.remote(job["nodes"], [self._type(n) for n in job["nodes"]])
-                self.placing[ref] = (job["id"], False, supervisor)
-        for job in self.table.list(("queued",)):  # a supervisor whose round died before the job was marked running
-            try:  # has started no process (a round places a job after marking it): end it, its name is the job's
+                record.placing[ref] = (False, supervisor)
+        for job in self.table.list(WAITING):  # a supervisor whose round died before the job was marked running has
+            try:  # started no process (a round places a job after marking it): end it, its name is the job's
                 ray.kill(ray.get_actor(f"job/{job['id']}", namespace=NAMESPACE))
                 self._wait_until_gone(f"job/{job['id']}")
             except ValueError:
@@ -184,14 +203,14 @@ class Scheduler:
         return f" of one type ({self.policy_name} keeps this job's application on one type)"
 
     def cancel(self, job_id: str) -> None:
-        job = self._job(job_id)
+        self._job(job_id)  # raises: no such job
         with self.lock:
-            if job["state"] in ("queued", "running"):
-                if job_id in self.supervisors:
-                    supervisor = self.supervisors.pop(job_id)
+            if self._job(job_id)["state"] in LIVE:
+                supervisor = self.jobs.get(job_id, Tracked()).supervisor
+                if supervisor is not None:
                     ray.get(supervisor.cancel.remote())
                     ray.kill(supervisor)
-                self.table.update(job_id, state="cancelled", finished=time.time(), nodes=[])
+                self._end(job_id, JobState.CANCELLED, finished=time.time(), nodes=[])
         self.wake.set()
 
     def reserve(self, count: int, node: Optional[str] = None) -> List[str]:
@@ -200,9 +219,9 @@ class Scheduler:
         if count < 1:
             raise ValueError(f"reserve at least one slot, not {count}")
         with self.lock:
-            running = {j["id"]: j for j in self.table.list(("running",))}
+            running = {j["id"]: j for j in self.table.list((JobState.RUNNING,))}  # a suspending job is leaving
             taken, cut = reserve.take(count, node, self._capacity(slot_nodes()),
-                                      {i: j["nodes"] for i, j in running.items() if i not in self.suspending},
+                                      {i: j["nodes"] for i, j in running.items()},
                                       {i: j["min_procs"] for i, j in running.items()}, suspend=self.preempt)
             for job_id, nodes in cut.items():
                 if nodes:
@@ -232,8 +251,8 @@ class Scheduler:
         if job_id and not jobs:
             self._job(job_id)  # raises: no such job
         for job in jobs:
-            supervisor, job["live"] = self.supervisors.get(job["id"]), None
-            if supervisor and job["state"] == "running":
+            supervisor, job["live"] = self.jobs.get(job["id"], Tracked()).supervisor, None
+            if supervisor and job["state"] in HOLDING:
                 try:
                     job["live"] = ray.get(supervisor.status.remote())
                 except ray.exceptions.RayActorError:  # the job ended in the meantime: the next call says so
@@ -244,7 +263,7 @@ class Scheduler:
         """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs."""
         slots, types = slot_nodes(), slot_types(self.slot_type)
         reserved = Counter(n for _, n in self.table.reservations())
-        held = Counter(n for j in self.table.list(("running",)) for n in j["nodes"])
+        held = Counter(n for j in self.table.list(HOLDING) for n in j["nodes"])
         return [{"node": n, "type": types[n], "slots": s, "reserved": reserved[n], "held": held[n]}
                 for n, s in sorted(slots.items())]
 
@@ -252,7 +271,7 @@ class Scheduler:
         """A process's output from `offset`: through its slot's actor while the job runs, else from the log
         folder (on the node that ran it; here, where the scheduler's state folder is)."""
         job = self._job(job_id)
-        supervisor = self.supervisors.get(job_id)
+        supervisor = self.jobs.get(job_id, Tracked()).supervisor
         if supervisor is not None:
             try:
                 return ray.get(supervisor.log.remote(worker or ray.get(supervisor.processes.remote())[0], offset))
@@ -300,21 +319,36 @@ class Scheduler:
         """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
         starts (it imports torch for the job's store) while the scheduler goes on."""
         first = not self.table.get(job_id)["nodes"]
-        types = [self._type(n) for n in nodes]
-        supervisor = self.supervisors[job_id]
-        self.placing[supervisor.place.remote(nodes, types)] = (job_id, first, supervisor)  # not awaited
+        record = self.jobs[job_id]
+        ref = record.supervisor.place.remote(nodes, [self._type(n) for n in nodes])  # not awaited
+        record.placing[ref] = (first, record.supervisor)
         self.table.update(job_id, nodes=nodes)
-        if job_id in self.models:
-            live.place(self.models[job_id], self._groups(nodes))
+        if record.model is not None:
+            live.place(record.model, self._groups(nodes))
+
+    def _start(self, job: dict) -> None:
+        """A supervisor for a waiting job given slots: it hosts the job's store and will start its processes."""
+        self.jobs[job["id"]].supervisor = JobSupervisor.options(
+            name=f"job/{job['id']}", namespace=NAMESPACE, lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False)).remote(
+            job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"])
+        self.table.move(job["id"], JobState.RUNNING, started=time.time(), note=None)
 
     def _suspend(self, job_id: str, why: str) -> None:
         """The job leaves every slot at its next step boundary, saving a checkpoint, and waits in the queue. Until
         it has left, the policy does not see it: its slots are the policy's to give (a job placed on them starts
         as they come free: they are Ray resources)."""
-        self.suspending[job_id] = why
-        self.supervisors[job_id].suspend.remote()
-        self.models[job_id].allocate({}, 0.0)
+        self.table.move(job_id, JobState.SUSPENDING, note=why)
+        record = self.jobs[job_id]
+        record.supervisor.suspend.remote()
+        if record.model is not None:
+            record.model.allocate({}, 0.0)
         log.info("%s: suspending (%s)", job_id, why)
+
+    def _end(self, job_id: str, state: JobState, **fields) -> None:
+        """The job ended (finished, failed, cancelled): its record goes whole."""
+        self.table.move(job_id, state, **fields)
+        self.jobs.pop(job_id, None)
 
     def _type(self, node: str) -> str:
         return self.types.get(node, self.slot_type)
@@ -351,26 +385,7 @@ class Scheduler:
                 log.exception("describing the cluster failed")
 
     def _round(self) -> None:
-        done, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=0)
-        for ref in done:
-            job_id, first, supervisor = self.placing.pop(ref)
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:  # its supervisor died before it placed the job (killed, or lost
-                # with the head node), however far the job had come: it resumes from its checkpoint
-                log.exception("%s: its supervisor died placing the job", job_id)
-                if self.supervisors.get(job_id) == supervisor:  # not already seen lost, and no newer one placing
-                    self._lost_supervisor(job_id)
-            except ray.exceptions.RayError:  # place() raised: a job that never started fails rather than wait forever
-                log.exception("%s: placing the job failed", job_id)
-                if first and job_id in self.supervisors:
-                    supervisor = self.supervisors.pop(job_id)
-                    try:
-                        ray.get(supervisor.cancel.remote(), timeout=10)  # any process it did start
-                    except ray.exceptions.RayError:
-                        pass
-                    ray.kill(supervisor)
-                    self.table.update(job_id, state="failed", finished=time.time(), nodes=[])
+        self._placed()
         slots = slot_nodes()
         self.types.update(slot_types(self.slot_type))  # a node gone keeps its type: jobs' models may still name it
         for slot_id, node in self.table.reservations():
@@ -379,73 +394,91 @@ class Scheduler:
         capacity = self._capacity(slots)
         now = time.time()
         self._follow(now)
-        active = self.table.list(("queued", "running"))
-        self._fit(active, capacity)
-        active = [j for j in self.table.list(("queued", "running")) if j["id"] not in self.suspending]
+        self._fit(self.table.list((JobState.RUNNING,)), capacity)
+        seen = self.table.list(WAITING + (JobState.RUNNING,))  # a suspending job is out of sight until it has left
         node_ids, cluster = policy_view(capacity, {n: self._type(n) for n in capacity})
         index = {n: i for i, n in enumerate(node_ids)}
-        for job in active:
-            if job["id"] not in self.models:
+        for job in seen:
+            record = self.jobs.setdefault(job["id"], Tracked())
+            if record.model is None:
                 app = self.apps[job["application"]] if job["application"] else None
-                self.models[job["id"]] = live.job_model(job["id"], job["submitted"] - self.t0,
-                                                        job["virtual_workers"], job["max_procs"], app,
-                                                        job["batch_size"], self.policy,
-                                                        d2=determinism.ISA_ENV in job["env"])
+                record.model = live.job_model(job["id"], job["submitted"] - self.t0, job["virtual_workers"],
+                                              job["max_procs"], app, job["batch_size"], self.policy,
+                                              d2=determinism.ISA_ENV in job["env"])
                 if job["nodes"]:  # a job taken back after a restart
-                    live.place(self.models[job["id"]], self._groups(job["nodes"]))
-            self.policy.limits[job["id"]] = (job["min_procs"], job["max_procs"])
-        allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in active if j["nodes"]}
-        decided = self.policy.optimize(now - self.t0, [self.models[j["id"]] for j in active], cluster, allocations)
-        for job in active:
+                    live.place(record.model, self._groups(job["nodes"]))
+        self.policy.limits = {j["id"]: (j["min_procs"], j["max_procs"]) for j in seen}
+        allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in seen if j["nodes"]}
+        decided = self.policy.optimize(now - self.t0, [self.jobs[j["id"]].model for j in seen], cluster, allocations)
+        for job in seen:
             new = tuple(decided.get(job["id"], ()))
             if new == allocations.get(job["id"], ()):
                 continue
             if not new:  # a running job the policy stops (below its minimum, too)
                 self._suspend(job["id"], f"preempted by {self.policy_name}")
                 continue
-            if job["id"] not in self.supervisors:
-                self.supervisors[job["id"]] = JobSupervisor.options(
-                    name=f"job/{job['id']}", namespace=NAMESPACE, lifetime="detached",
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False)).remote(
-                    job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"])
-                self.table.update(job["id"], state="running", started=time.time(), note=None)
+            if job["state"] in WAITING:
+                self._start(job)
             self._place(job["id"], [node_ids[i] for i in new])
             log.info("%s: %d slots on %s", job["id"], len(new), ", ".join(sorted({node_ids[i] for i in new})))
+
+    def _placed(self) -> None:
+        """The supervisors' place() calls that came back, and what their failures mean."""
+        calls = {ref: (job_id, *call) for job_id, record in self.jobs.items() for ref, call in record.placing.items()}
+        done, _ = ray.wait(list(calls), num_returns=len(calls), timeout=0)
+        for ref in done:
+            job_id, first, supervisor = calls[ref]
+            record = self.jobs.get(job_id)
+            if record is None or record.placing.pop(ref, None) is None:  # the job left its slots meanwhile
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # its supervisor died before it placed the job (killed, or lost
+                # with the head node), however far the job had come: it resumes from its checkpoint
+                log.exception("%s: its supervisor died placing the job", job_id)
+                if record.supervisor == supervisor:  # not already seen lost, and no newer one placing
+                    self._orphaned(job_id)
+            except ray.exceptions.RayError:  # place() raised: a job that never started fails rather than wait forever
+                log.exception("%s: placing the job failed", job_id)
+                if first and record.supervisor is not None:
+                    try:
+                        ray.get(record.supervisor.cancel.remote(), timeout=10)  # any process it did start
+                    except ray.exceptions.RayError:
+                        pass
+                    ray.kill(record.supervisor)
+                    self._end(job_id, JobState.FAILED, finished=time.time(), nodes=[])
 
     def _follow(self, now: float, models: bool = True) -> bool:
         """Jobs that ended leave (their slots are free for the next round); with `models`, the others' models
         follow what they measured. Returns whether a job left its slots."""
         left = False
-        asked = {supervisor.status.remote(): job_id for job_id, supervisor in self.supervisors.items()}
+        asked = {r.supervisor.status.remote(): job_id for job_id, r in self.jobs.items() if r.supervisor is not None}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)  # one still starting: next round
         for ref in answered:
-            job_id = asked[ref]
+            job_id, record = asked[ref], self.jobs[asked[ref]]
             try:
                 state = ray.get(ref)
             except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
-                self._lost_supervisor(job_id)
+                self._orphaned(job_id)
                 left = True
                 continue
             if state["done"] is not None:
                 left = True
-                ray.kill(self.supervisors[job_id])  # detached: it would outlive its job
-                why = self.suspending.pop(job_id, "every process left (SIGTERM)")
-                if state["orphaned"] or state.get("suspended") is not None:  # it starts again from its checkpoint
+                ray.kill(record.supervisor)  # detached: it would outlive its job
+                if state["orphaned"] or state["suspended"] is not None:  # it starts again from its checkpoint
                     self._wait_until_gone(f"job/{job_id}")
-                    if job_id in self.models:  # its model keeps its history (attained service, progress)
-                        self.models[job_id].allocate({}, 0.0)
-                    note = f"suspended at step {state['suspended']}: {why}" if state.get("suspended") is not None \
+                    job = self.table.get(job_id)
+                    why = job["note"] if job["state"] == JobState.SUSPENDING else "every process left (SIGTERM)"
+                    note = f"suspended at step {state['suspended']}: {why}" if state["suspended"] is not None \
                         else state["orphaned"]
-                    self.table.update(job_id, state="queued", nodes=[], note=note)
+                    self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
+                    record.leave_slots()
                     log.warning("%s: %s; queued to start again", job_id, note)
                 else:
-                    self.table.update(job_id, state="finished" if state["done"] == 0 else "failed",
-                                      exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])
-                    self.models.pop(job_id, None)
-                for table in (self.supervisors, self.followed, self.last_step, self.answers):
-                    table.pop(job_id, None)
+                    self._end(job_id, JobState.FINISHED if state["done"] == 0 else JobState.FAILED,
+                              exit_code=state["done"], finished=state["done_at"] or time.time(), nodes=[])
                 continue
-            progress, model = state["progress"], self.models.get(job_id)
+            progress, model = state["progress"], record.model
             following = model is not None and models
             done = step_s = held = None
             if following and progress:
@@ -455,30 +488,23 @@ class Scheduler:
                 # slots' speed as the new ones' would move the job back), nor across a scale event.
                 held = sorted(state["nodes"]) if sorted(state["nodes"]) == sorted(self.table.get(job_id)["nodes"]) \
                     else None
-                last = self.last_step.get(job_id)
+                last = record.last_step
                 if held and last and last[2] == held and progress["step"] > last[1]:
-                    step_s = self.step_s[job_id] = (progress["time"] - last[0]) / (progress["step"] - last[1])
-                self.last_step[job_id] = (progress["time"], progress["step"], held)
-            if state != self.answers.get(job_id):  # what `status` shows of it, in one write
-                self.table.update(job_id, live=state, step_s=self.step_s.get(job_id))
-                self.answers[job_id] = state
+                    step_s = record.step_s = (progress["time"] - last[0]) / (progress["step"] - last[1])
+                record.last_step = (progress["time"], progress["step"], held)
+            if state != record.answer:  # what `status` shows of it, in one write
+                self.table.update(job_id, live=state, step_s=record.step_s)
+                record.answer = state
             if not following:
                 continue
-            live.follow(model, now - self.t0, now - self.followed.get(job_id, now), done, step_s, runs=bool(held))
-            self.followed[job_id] = now
+            live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
+            record.followed = now
         return left
 
-    def _lost_supervisor(self, job_id: str) -> None:
-        """The job's supervisor died: forget it, and queue the job to resume from its checkpoint."""
-        self.supervisors.pop(job_id)
-        self._requeue_orphan(job_id)
-        for table in (self.followed, self.last_step, self.answers):
-            table.pop(job_id, None)
-
-    def _requeue_orphan(self, job_id: str) -> None:
-        """A running job whose supervisor (the host of its store) is lost: its processes, which cannot go on
-        without their store, are ended (the job never runs twice at once), and it waits in the queue to resume from
-        its newest checkpoint."""
+    def _orphaned(self, job_id: str) -> None:
+        """A job holding slots whose supervisor (the host of its store) is lost: its processes, which cannot go on
+        without their store, are ended (the job never runs twice at once), and it waits to resume from its newest
+        checkpoint."""
         mine = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                 if a["namespace"] == NAMESPACE and a["name"].startswith(f"{job_id}/")]  # its slots' actors
         for name in mine:
@@ -488,11 +514,10 @@ class Scheduler:
                 pass
         for name in [f"job/{job_id}"] + mine:  # the next supervisor and its slots' actors take these names again
             self._wait_until_gone(name)
-        self.suspending.pop(job_id, None)
-        if job_id in self.models:
-            self.models[job_id].allocate({}, 0.0)
         note = "its supervisor was lost: it resumes from its newest checkpoint"
-        self.table.update(job_id, state="queued", nodes=[], note=note)
+        self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
+        if job_id in self.jobs:
+            self.jobs[job_id].leave_slots()
         log.warning("%s: %s", job_id, note)
 
     @staticmethod
@@ -506,12 +531,12 @@ class Scheduler:
                 return
             time.sleep(0.05)
 
-    def _fit(self, active: List[dict], capacity: Dict[str, int]) -> None:
-        """Cut the jobs' slots to what the nodes have: a node lost (its processes are gone with it; the
+    def _fit(self, running: List[dict], capacity: Dict[str, int]) -> None:
+        """Cut the running jobs' slots to what the nodes have: a node lost (its processes are gone with it; the
         others recover in place) takes all of its slots; the earliest jobs keep theirs first. A suspending job
         keeps its slots until it has left them (its reserved ones too): the job table says what it holds."""
         held = Counter()
-        for job in (j for j in active if j["id"] not in self.suspending):
+        for job in running:
             keep = []
             for n in job["nodes"]:
                 if held[n] < capacity.get(n, 0):
@@ -520,7 +545,7 @@ class Scheduler:
             if keep == job["nodes"]:
                 continue
             log.warning("%s: %d of its slots are gone with their node", job["id"], len(job["nodes"]) - len(keep))
-            if keep and job["id"] in self.supervisors:
+            if keep and self.jobs.get(job["id"], Tracked()).supervisor is not None:
                 self._place(job["id"], keep)
             else:  # nothing left to run on: its supervisor reports how it ended
                 self.table.update(job["id"], nodes=keep)

@@ -6,6 +6,7 @@ What it owns:
                  and where the traces are found
     policies/    one module per scheduling policy, their shared base, and the registry POLICIES
     simulator    the event loop: arrivals, rounds, (re)allocation delays, completions, invariants
+    lifecycle    what a job's life can be: its states and the moves between them (the cluster's job table too)
     metrics      JCT, makespan, utilisation and finish-time fairness of a run
     plots        Gantt chart, JCT CDF, GPUs over time, a summary per policy
     data/        the measured traces and workloads it ships (data/README.md: what, from where, licenses)

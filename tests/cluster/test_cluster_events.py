@@ -9,6 +9,7 @@ import pytest
 import ray
 
 from easyscale_ext.cluster.scheduler import launch
+from easyscale_ext.sched.lifecycle import LIVE
 from support.jobs import JOB, run_job
 
 pytestmark = pytest.mark.multiprocess
@@ -34,7 +35,7 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
         live = job["live"] or {}
         log.append((round(time.monotonic() - begin, 1), job["state"], live.get("members"),
                     [n[:6] for n in live.get("nodes", [])], (live.get("progress") or {}).get("step")))
-        assert job["state"] in ("queued", "running"), f"the long job ended before the events: {log}"
+        assert job["state"] in LIVE, f"the long job ended before the events: {log}"
         return sorted(live.get("nodes", []))
 
     def logs():  # pytest.fail, unlike assert, prints all of it
@@ -63,7 +64,7 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     deadline = time.monotonic() + 150
     while True:
         jobs = {j["id"]: j for j in ray.get(scheduler.status.remote())}
-        if all(j["state"] not in ("queued", "running") for j in jobs.values()):
+        if all(j["state"] not in LIVE for j in jobs.values()):
             break
         if time.monotonic() > deadline:
             pytest.fail(f"jobs still queued or running: {[(j['id'], j['state'], j['live']) for j in jobs.values()]}\n"

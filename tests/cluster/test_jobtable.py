@@ -1,4 +1,5 @@
-"""The job table stays quick to read however many jobs have ended, and survives its writer killed mid-write."""
+"""The job table stays quick to read however many jobs have ended, survives its writer killed mid-write, and moves
+a job only along its lifecycle."""
 import signal
 import sqlite3
 import subprocess
@@ -6,7 +7,10 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from easyscale_ext.cluster.jobtable import JobTable
+from easyscale_ext.sched.lifecycle import ENDED, LIVE, MOVES, IllegalMove, JobState
 
 WRITER = """
 import sys
@@ -15,8 +19,8 @@ table = JobTable(sys.argv[1])
 print("writing", flush=True)
 while True:
     job = table.add("w", ["train.py"], {}, 4, 1, 4)
-    table.update(job, state="running", nodes=["a", "b"])
-    table.update(job, state="finished", exit_code=0, finished=1.0, nodes=[])
+    table.move(job, "running", nodes=["a", "b"])
+    table.move(job, "finished", exit_code=0, finished=1.0, nodes=[])
 """
 
 
@@ -27,7 +31,7 @@ def test_live_jobs_and_the_last_ended_are_read_through_an_index(tmp_path):
                              "VALUES (?, 'finished', ?, ?, '[]', '{}', '[]')",
                              [(f"old{i}", i, i) for i in range(10000)])
     live = [table.add(f"live{i}", ["train.py"], {}, 4, 1, 4) for i in range(2)]
-    assert [j["id"] for j in table.list(("queued", "running"))] == live
+    assert [j["id"] for j in table.list(LIVE)] == live
     assert [j["id"] for j in table.ended(10)] == [f"old{i}" for i in range(9990, 10000)]
     plan = " ".join(str(tuple(r)) for r in table.db.execute(
         "EXPLAIN QUERY PLAN SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY submitted"))
@@ -49,3 +53,23 @@ def test_the_table_survives_its_writer_killed_mid_write(tmp_path):
     entries = Counter(job for _, job, _ in table.allocations())
     # a job's slots and their entry in the timeline are one write: a kill between them leaves neither
     assert all(entries[j["id"]] == {"queued": 0, "running": 1, "finished": 2}[j["state"]] for j in jobs)
+
+
+def test_a_job_moves_only_along_its_lifecycle(tmp_path):
+    table = JobTable(str(tmp_path / "jobs.sqlite"))
+    job = table.add("j", ["train.py"], {}, 4, 1, 4)
+    for state, nodes in (("running", ["a"]), ("suspending", ["a"]), ("suspended", []), ("running", ["b"])):
+        table.move(job, state, nodes=nodes)
+    table.move(job, "finished", exit_code=0, nodes=[])
+    timeline = [nodes for _, _, nodes in table.allocations()]
+    for illegal in ("running", "queued", "cancelled", "suspended"):  # an ended job stays ended
+        with pytest.raises(IllegalMove, match=f"cannot move to {illegal}: it is finished"):
+            table.move(job, illegal, nodes=["c"])
+    assert table.get(job)["state"] == JobState.FINISHED and table.get(job)["exit_code"] == 0
+    assert [nodes for _, _, nodes in table.allocations()] == timeline == [["a"], ["a"], [], ["b"], []]
+    with pytest.raises(ValueError, match="JobTable.move"):
+        table.update(job, state="queued")
+    queued = table.add("q", ["train.py"], {}, 4, 1, 4)
+    with pytest.raises(IllegalMove, match="it is queued"):  # never ran: nothing to suspend
+        table.move(queued, "suspending")
+    assert set(MOVES) == set(LIVE) and not set(MOVES) & set(ENDED)  # no move out of an end

@@ -12,6 +12,7 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch, policy_view
 from easyscale_ext.sched.policies.base import Policy
+from easyscale_ext.sched.lifecycle import LIVE
 from support.jobs import JOB, run_job
 from test_supervisor import slot_on
 
@@ -182,7 +183,7 @@ def test_a_job_whose_first_placement_died_with_the_scheduler_starts_under_the_ne
     state.mkdir()
     table = JobTable(str(state / "jobs.sqlite"))
     job = table.add("unplaced", job_argv(tmp_path / "hash", 2), ENV, 2, 1, 1, logs=str(state / "logs"))
-    table.update(job, state="running", started=time.time(), nodes=[cluster.node_ids()[0]])
+    table.move(job, "running", started=time.time(), nodes=[cluster.node_ids()[0]])
     JobSupervisor.options(name=f"job/{job}", namespace=NAMESPACE, lifetime="detached").remote(
         job, job_argv(tmp_path / "hash", 2), ENV, str(state / "logs" / job), 2)
     scheduler = launch(str(state), "fifo", 0.5)
@@ -208,7 +209,7 @@ def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one
         deadline = time.monotonic() + 120
         wait_for_step(status, 5, deadline)
         ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))  # as a crash of its actor
-        while (now := status())["state"] in ("queued", "running"):
+        while (now := status())["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
@@ -234,7 +235,7 @@ def test_a_job_whose_supervisor_dies_before_it_places_the_job_is_queued_again_no
                 assert time.monotonic() < deadline, "no supervisor was made"
                 time.sleep(0.01)
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
-        while (now := status())["state"] in ("queued", "running"):
+        while (now := status())["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)
         assert now["state"] == "finished", now
@@ -257,7 +258,7 @@ def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from
         wait_for_step(status, 5, deadline)
         slot = ray.get_actor(f"{job}/w0", namespace="easyscale")
         os.kill(ray.get(slot.__ray_call__.remote(lambda worker: worker.child.pid)), sig)
-        while (now := status())["state"] in ("queued", "running"):
+        while (now := status())["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
@@ -282,11 +283,11 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         wait_for_step(status, 5, deadline)
         assert status()["nodes"] == [cluster.node_ids()[c]]
         cluster.remove_node(c)
-        while status()["state"] != "queued":
+        while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not queued again: {status()}"
             time.sleep(0.2)
         assert ray.get(scheduler.unreserve.remote()) == 4
-        while status()["state"] in ("queued", "running"):
+        while status()["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {status()}"
             time.sleep(0.5)
         assert status()["state"] == "finished"
@@ -342,7 +343,7 @@ def test_a_type_aware_policy_sees_the_nodes_types_and_a_process_its_own(cluster,
         assert {n["type"]: n["reserved"] for n in ray.get(scheduler.nodes.remote())} == {"t4": 2, "a100": 0}
         job = ray.get(scheduler.submit.remote([str(script)], 1, 1, 1, "where", ENV, "cifar10"))
         deadline = time.monotonic() + 120
-        while ray.get(scheduler.status.remote(job))[0]["state"] in ("queued", "running"):
+        while ray.get(scheduler.status.remote(job))[0]["state"] in LIVE:
             assert time.monotonic() < deadline, ray.get(scheduler.status.remote(job))
             time.sleep(0.2)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
@@ -368,13 +369,13 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
         deadline = time.monotonic() + 120
         wait_for_step(status, 3, deadline)
         assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # every slot of the job: it is suspended
-        while status()["state"] != "queued":
+        while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
             time.sleep(0.2)
         assert re.fullmatch(r"suspended at step [1-9]\d*: its slots were reserved", status()["note"]), status()
         assert ray.get(scheduler.unreserve.remote(1, b)) == 1  # one slot on the other node: it resumes there
         resumed = set()
-        while (now := status())["state"] in ("queued", "running"):
+        while (now := status())["state"] in LIVE:
             assert time.monotonic() < deadline + 240, f"did not end: {now}"
             resumed.add(tuple(now["nodes"]))
             time.sleep(0.5)
@@ -430,11 +431,11 @@ def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says
         deadline = time.monotonic() + 120
         wait_for_step(lambda: status(old), 3, deadline)
         new = ray.get(scheduler.submit.remote(job_argv(tmp_path / "new", 2), 2, 1, 2, "new", ENV))
-        while status(old)["state"] != "queued":
+        while status(old)["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not suspended: {status(old)}"
             time.sleep(0.2)
         assert re.fullmatch(r"suspended at step [1-9]\d*: preempted by newest", status(old)["note"]), status(old)
-        while status(old)["state"] in ("queued", "running"):
+        while status(old)["state"] in LIVE:
             assert time.monotonic() < deadline + 240, f"did not end: {status(old)}"
             time.sleep(0.5)
         assert status(new)["state"] == status(old)["state"] == "finished", (status(new), status(old))
@@ -455,7 +456,7 @@ def test_a_job_is_reallocating_until_the_real_job_runs_on_its_slots(cluster, tmp
     try:
         job = ray.get(scheduler.submit.remote(job_argv(tmp_path / "out", 2, steps=6), 2, 1, 1, "hop", ENV))
         deadline = time.monotonic() + 180
-        while ray.get(scheduler.status.remote(job))[0]["state"] in ("queued", "running"):
+        while ray.get(scheduler.status.remote(job))[0]["state"] in LIVE:
             assert time.monotonic() < deadline, ray.get(scheduler.status.remote(job))
             time.sleep(0.5)
         assert ray.get(scheduler.status.remote(job))[0]["state"] == "finished"
@@ -517,11 +518,11 @@ def test_a_job_without_a_checkpoint_folder_resumes_from_the_clusters(cluster, tm
         deadline = time.monotonic() + 120
         wait_for_step(status, 3, deadline)
         assert ray.get(scheduler.reserve.remote(2, a)) == [a, a]  # suspends the job
-        while status()["state"] != "queued":
+        while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
             time.sleep(0.2)
         assert ray.get(scheduler.unreserve.remote(1, b)) == 1
-        while status()["state"] in ("queued", "running"):
+        while status()["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {status()}"
             time.sleep(0.5)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()

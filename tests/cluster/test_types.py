@@ -12,6 +12,7 @@ import ray
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext import determinism
+from easyscale_ext.sched.lifecycle import LIVE
 from support.jobs import run_job
 from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
 
@@ -47,7 +48,7 @@ def fixed(level, steps=4):
 
 def wait_until_ended(scheduler, jobs, seconds=240):
     deadline = time.monotonic() + seconds
-    while any((s := ray.get(scheduler.status.remote(j))[0])["state"] in ("queued", "running") for j in jobs):
+    while any((s := ray.get(scheduler.status.remote(j))[0])["state"] in LIVE for j in jobs):
         assert time.monotonic() < deadline, f"did not end: {s}"
         time.sleep(0.5)
     return [ray.get(scheduler.status.remote(j))[0] for j in jobs]
@@ -81,7 +82,7 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
         wait_for_step(status, 3, deadline)
         assert status()["nodes"] == [t4, t4]
         assert ray.get(scheduler.reserve.remote(2, t4)) == [t4, t4]  # suspends it
-        while status()["state"] != "queued":
+        while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
             time.sleep(0.2)
         assert ray.get(scheduler.unreserve.remote(1, a100)) == 1  # it resumes on one a100 slot
@@ -106,7 +107,7 @@ def test_easyscale_heter_admits_and_spreads_a_d2_job_over_both_types_bitwise(typ
         job = ray.get(scheduler.submit.remote(argv, 4, 3, 4, "spread", ENV, "deepspeech2", None, "D2"))
         types = dict(zip(typed.node_ids(), ("t4", "a100")))
         held, deadline = [], time.monotonic() + 240
-        while (status := ray.get(scheduler.status.remote(job))[0])["state"] in ("queued", "running"):
+        while (status := ray.get(scheduler.status.remote(job))[0])["state"] in LIVE:
             assert time.monotonic() < deadline, f"did not end: {status}"
             held.append(sorted(types[n] for n in status["nodes"]))
             time.sleep(0.2)
