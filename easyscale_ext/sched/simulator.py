@@ -1,4 +1,5 @@
-"""The event loop: arrivals, scheduling rounds, (re)allocation delays, completions, invariants.
+"""The simulated cluster: the scheduling loop's (rounds.py) backend that advances a clock and the job models through
+arrivals, (re)allocation delays and completions, checking invariants.
 
 Time moves in rounds of `round_s`. In each round every job holding GPUs progresses; at the round's end the
 jobs that arrived during it join, finished ones leave, and the policy reallocates. A job whose allocation
@@ -12,10 +13,12 @@ or `freezing` is "on" (models/freezing.py).
 """
 import math
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from . import rounds
 from .models.freezing import timeline_for
 from .models.easyscale import EasyScaleJob
 from .models.job import make_job
@@ -102,7 +105,6 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
     validate(specs, policy, cluster, config.job_model, apps)
     if config.in_place not in IN_PLACE_MODES:
         raise ValueError(f"in_place {config.in_place!r}: expected one of {', '.join(IN_PLACE_MODES)}")
-    in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     if policy.mixes_types:  # a Pollux- or Sia-format job does not say; on this runtime it may mix types at D2
@@ -116,85 +118,112 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
         job.per_type_fit = policy.per_type_models
     for job in jobs:
         job.exit_s, job.exit_weight = config.exit_s, config.exit_weight
-    # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
-    active, running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
-    paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
-    leaving = {}  # name -> when a preempted job has left its GPUs (suspend_s): the policy sees it again from then
-    allocations, records, segments, opened, first_start = {}, [], [], {}, {}
-    times, gpus_used, num_active = [], [], []
-    now, arrived, idle = 0.0, 0, 0
-    lag = config.arrival_lag_s if config.rounds_at_arrivals else 0.0
-    while len(records) < len(jobs):
-        if not active:  # idle cluster: skip to the round in which the next job arrives
-            now = max(now, jobs[arrived].arrival + lag if config.rounds_at_arrivals else
-                      math.ceil(jobs[arrived].arrival / config.round_s) * config.round_s)
+    run = SimulatedCluster(jobs, policy, cluster, config, progress)
+    rounds.run(run, policy)
+    return Result(policy.name, cluster.spec, asdict(config),
+                  sorted(run.records, key=lambda r: (r["arrival"], r["name"])),
+                  {"time": run.times, "gpus": run.gpus_used, "active": run.num_active}, run.segments)
+
+
+class SimulatedCluster:
+    """The simulator's backend of the scheduling loop (rounds.run): a clock that moves a round at a time (or to the
+    next arrival, completion or departure, where those start rounds), and the job models it advances."""
+
+    def __init__(self, jobs, policy, cluster, config, progress=None):
+        self.jobs, self.policy, self.cluster, self.config, self.progress = jobs, policy, cluster, config, progress
+        self.in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
+        # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
+        self.active, self.running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
+        self.paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
+        self.leaving = {}  # name -> when a preempted job has left its GPUs (suspend_s): the policy sees it again then
+        self.allocations, self.records, self.segments, self.opened, self.first_start = {}, [], [], {}, {}
+        self.times, self.gpus_used, self.num_active = [], [], []
+        self.now, self.arrived, self.idle = 0.0, 0, 0
+        self.lag = config.arrival_lag_s if config.rounds_at_arrivals else 0.0
+
+    def next_round(self):
+        config, jobs, now = self.config, self.jobs, self.now
+        if len(self.records) == len(jobs):
+            return None
+        if not self.active:  # idle cluster: skip to the round in which the next job arrives
+            now = max(now, jobs[self.arrived].arrival + self.lag if config.rounds_at_arrivals else
+                      math.ceil(jobs[self.arrived].arrival / config.round_s) * config.round_s)
         else:
             step = config.round_s
-            if config.rounds_at_arrivals and arrived < len(jobs):
-                step = min(step, jobs[arrived].arrival + lag - now)
+            if config.rounds_at_arrivals and self.arrived < len(jobs):
+                step = min(step, jobs[self.arrived].arrival + self.lag - now)
             if config.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
-                if leaving:
+                if self.leaving:
                     poll = config.completion_poll_s
-                    step = min(step, math.ceil(round((min(leaving.values()) - now) / poll, 9)) * poll)
-                step = _advance_to_a_completion(running.values(), now, step, config)
+                    step = min(step, math.ceil(round((min(self.leaving.values()) - now) / poll, 9)) * poll)
+                step = _advance_to_a_completion(self.running.values(), now, step, config)
             else:
-                _advance(running.values(), now, step, config)
+                _advance(self.running.values(), now, step, config)
             now += step
-        while arrived < len(jobs) and jobs[arrived].arrival + lag <= now:
-            job = jobs[arrived]
-            active[job.name], paused[job.name] = job, job.progress
-            arrived += 1
-        for job in [j for j in running.values() if j.completion is not None]:
-            records.append(_record(job, first_start.get(job.name)))
-            _close(segments, opened, job.name, job.completion)
-            del active[job.name], running[job.name], allocations[job.name]
-            if progress is not None:
-                progress.update(1)
-        leaving = {name: t for name, t in leaving.items() if t > now + 1e-9 and name in active}
-        if not active:
-            continue
-        seen = [job for name, job in active.items() if name not in leaving]  # one that is leaving: out of sight
-        new = {name: alloc for name, alloc in policy.optimize(now, seen, cluster, allocations).items() if alloc}
+        self.now = now
+        while self.arrived < len(jobs) and jobs[self.arrived].arrival + self.lag <= now:
+            job = jobs[self.arrived]
+            self.active[job.name], self.paused[job.name] = job, job.progress
+            self.arrived += 1
+        for job in [j for j in self.running.values() if j.completion is not None]:
+            self.records.append(_record(job, self.first_start.get(job.name)))
+            _close(self.segments, self.opened, job.name, job.completion)
+            del self.active[job.name], self.running[job.name], self.allocations[job.name]
+            if self.progress is not None:
+                self.progress.update(1)
+        self.leaving = {name: t for name, t in self.leaving.items() if t > now + 1e-9 and name in self.active}
+        return now
+
+    def deciding(self):
+        return nullcontext()
+
+    def view(self, now):
+        if not self.active:
+            return None
+        seen = [job for name, job in self.active.items() if name not in self.leaving]  # one leaving: out of sight
+        return seen, self.cluster, self.allocations
+
+    def has_run(self, name) -> bool:
+        return name in self.first_start
+
+    def carry_out(self, now, cluster, decided, changes):
+        config = self.config
         if config.check:
-            _check(now, new, active, cluster)
-        suspended = Counter(n for name, alloc in allocations.items() if name not in new for n in alloc)
-        for name in [*new, *(n for n in allocations if n not in new)]:  # a fixed order: reproducible output
-            alloc, job = new.get(name, ()), active[name]
-            if alloc == allocations.get(name, ()):
-                continue
-            if config.check and name in paused and job.progress != paused[name]:
+            _check(now, decided, self.active, cluster)
+        suspended = Counter(n for name, alloc in self.allocations.items() if name not in decided for n in alloc)
+        for change in changes:
+            name, old, alloc, job = change.job, change.old, change.new, self.active[change.job]
+            if config.check and name in self.paused and job.progress != self.paused[name]:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
-            old = allocations.get(name, ())
-            delay = reallocation_cost(job, old, alloc, cluster, config, in_place) if alloc else 0.0
-            gained = Counter(alloc) - Counter(old)
-            wait = config.suspend_s if suspended.keys() & gained.keys() else 0.0  # until the preempted job left
+            delay = reallocation_cost(job, old, alloc, cluster, config, self.in_place) if alloc else 0.0
+            wait = config.suspend_s if suspended.keys() & change.gained.keys() else 0.0  # until the preempted left
             prepare = config.join_s + wait
-            if in_place and old and alloc and prepare and gained:
+            if self.in_place and old and alloc and prepare and change.gained:
                 job.allocate_after(cluster.groups(alloc), delay, prepare)  # joiners start first
             else:
-                job.allocate(cluster.groups(alloc), delay + wait, starts=not (in_place and old))
-            _close(segments, opened, name, now)
+                job.allocate(cluster.groups(alloc), delay + wait, starts=not (self.in_place and old))
+            _close(self.segments, self.opened, name, now)
             if alloc:
-                running[name] = job
-                paused.pop(name, None)
-                opened[name] = (now, len(alloc))
-                first_start.setdefault(name, now)
+                self.running[name] = job
+                self.paused.pop(name, None)
+                self.opened[name] = (now, len(alloc))
+                self.first_start.setdefault(name, now)
             else:
-                del running[name]
-                paused[name] = job.progress
+                del self.running[name]
+                self.paused[name] = job.progress
                 if config.suspend_s:
-                    leaving[name] = now + config.suspend_s
-        allocations = new
-        times.append(now)
-        gpus_used.append(sum(map(len, allocations.values())))
-        num_active.append(len(active))
-        idle = idle + 1 if not allocations and arrived == len(jobs) else 0
-        if idle > config.max_idle_rounds:
-            raise InvariantError(f"t={now}: {len(active)} jobs wait but {policy.name} has allocated nothing for "
-                                 f"{idle} rounds and no job is left to arrive: they would never finish")
-    return Result(policy.name, cluster.spec, asdict(config), sorted(records, key=lambda r: (r["arrival"], r["name"])),
-                  {"time": times, "gpus": gpus_used, "active": num_active}, segments)
+                    self.leaving[name] = now + config.suspend_s
+        self.allocations = decided
+
+    def account(self, now, decided):
+        self.times.append(now)
+        self.gpus_used.append(sum(map(len, decided.values())))
+        self.num_active.append(len(self.active))
+        self.idle = self.idle + 1 if not decided and self.arrived == len(self.jobs) else 0
+        if self.idle > self.config.max_idle_rounds:
+            raise InvariantError(f"t={now}: {len(self.active)} jobs wait but {self.policy.name} has allocated nothing "
+                                 f"for {self.idle} rounds and no job is left to arrive: they would never finish")
 
 
 def job_maker(config):
