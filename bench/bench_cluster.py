@@ -11,9 +11,9 @@ job's first start (allocation to its first step), the in-place pause of a scale 
 a growth (allocation to admission: the job trains as before meanwhile), a job's exit (last step to its processes'
 exit: it holds its slots until then), a suspension (the decision to the slots given back) and a resume (allocation
 to the first step after it), how many processes start at full speed at once (more share this machine's cores:
-SimConfig.parallel_starts, a start of n processes weighing n ** start_weight and a process training beside it
+RuntimeCosts.parallel_starts, a start of n processes weighing n ** start_weight and a process training beside it
 training_weight, all fitted with each start's full-speed cost), and the scheduler's lag from a submission to its
-round's decision (SimConfig.arrival_lag_s); each job's length (its steps as a share of the application's epoch) is
+round's decision (RuntimeCosts.arrival_lag_s); each job's length (its steps as a share of the application's epoch) is
 the simulator's slowdown, and a round starts at each arrival and at each job's end, as the scheduler does. Both
 drivers run the policy as it is, held to each job's limits (policies.limits: a job keeps its batch; preemptions are
 suspensions), and move every job in place, as the cluster does whatever the policy's own runtime (a restart-based
@@ -44,7 +44,7 @@ TYPES = ("t4", "a100")
 POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
 VIRTUAL_WORKERS, SLOTS = 4, 4
 CLUSTER = ",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES))  # as `easyscale simulate --cluster`, in the scheduler's
-# node order (scheduler.policy_view: by type)
+# node order (backend.policy_view: by type)
 COSTS = ("start", "pause", "join", "exit", "suspend", "resume", "lag")  # measured: (processes, seconds, when) each
 TRAINING = "train"  # also measured: (processes, seconds, when) of each stretch a job trained at one size
 TIE = 0.01  # two policies whose avg JCTs are this close (relatively) in a driver are tied in its ordering
@@ -59,6 +59,7 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
     import ray
 
     from easyscale_ext.cluster.scheduler import launch
+    from easyscale_ext.sched.lifecycle import LIVE
 
     os.makedirs(os.path.join(work, policy), exist_ok=True)
     scheduler = launch(os.path.join(work, policy, "state"), policy, round_s)
@@ -139,7 +140,7 @@ def measure(folder, reserved=None) -> dict:
 def calibrated(measured) -> dict:
     """The simulator's costs from the calibration's events. Processes that start at once (first starts, resumes,
     joiners) share this machine with each other and with the processes training beside them
-    (SimConfig.parallel_starts, start_weight, training_weight): a start of n processes weighs n ** start_weight, a
+    (RuntimeCosts.parallel_starts, start_weight, training_weight): a start of n processes weighs n ** start_weight, a
     training process training_weight; each start's load is the weight starting or training beside it, averaged
     over its duration (its own included); the weights and `parallel_starts` are those that fit the starts best
     (least squares of the log), each kind of start costing its median at full speed. An exit's cost grows with
@@ -192,6 +193,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
     from easyscale_ext.sched.models.traces import data_dir
     from easyscale_ext.sched.policies import POLICIES as MADE
     from easyscale_ext.sched.policies.limits import Limits
+    from easyscale_ext.sched.costs import RuntimeCosts
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
     apps = Applications(data_dir())
@@ -204,14 +206,16 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
     wrapped = Limits(MADE[policy](0))
     wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
-                       in_place_s=costs["pause"], exit_s=costs["exit"], exit_weight=costs["exit_weight"],
-                       join_s=costs["join"], suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
-                       start_weight=costs["start_weight"], training_weight=costs["training_weight"],
-                       rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
+                       in_place_s=costs["pause"],
                        in_place="on",  # the cluster moves every job in place, whatever its policy's own runtime
-                       completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                        slowdown={a: scale * steps / apps[a].noise.progress_at(1) for a in APPS})
-    return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config)
+    runtime = RuntimeCosts(exit_s=costs["exit"], exit_weight=costs["exit_weight"], join_s=costs["join"],
+                           suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
+                           start_weight=costs["start_weight"], training_weight=costs["training_weight"],
+                           rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
+                           completion_poll_s=1.0)  # the scheduler looks for ended jobs each second
+    return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config,
+                    costs=runtime)
 
 
 def simulate_draws(policy, result, steps, scale, round_s, costs, draws, jitter) -> list:

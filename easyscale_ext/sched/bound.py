@@ -17,11 +17,12 @@ import numpy as np
 from .models.efficiency import gain
 from .models.freezing import timeline_for
 from .models.goodput import CANDIDATES, packed, split_batch
+from .costs import RuntimeCosts
 from .models.job import make_job
 from .models.reallocation import restart_cost
 
 
-def job_lower_bounds(specs, cluster, apps, config) -> np.ndarray:
+def job_lower_bounds(specs, cluster, apps, config, costs=RuntimeCosts()) -> np.ndarray:
     """Seconds from arrival to completion below which no policy can finish each of `specs` on `cluster`
     (Cluster) under `config` (SimConfig, freezing off for every job: a frozen layer's backward is skipped)."""
     frozen = [s.name for s in specs if s.app is not None and timeline_for(s, config) is not None]
@@ -33,7 +34,7 @@ def job_lower_bounds(specs, cluster, apps, config) -> np.ndarray:
     out = []
     for spec in specs:
         job = make_job(spec, apps, spec.batch_size)  # a fresh model: its first start, as restart_cost prices it
-        seconds = restart_cost(job, config) + config.exit_s  # the smallest exit: one process
+        seconds = restart_cost(job, config) + costs.exit_s  # the smallest exit: one process
         if spec.app is None:
             seconds += spec.duration
         else:

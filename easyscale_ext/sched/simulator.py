@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from . import rounds
+from .costs import RuntimeCosts
 from .models.freezing import timeline_for
 from .models.easyscale import EasyScaleJob
 from .models.job import make_job
@@ -42,24 +43,6 @@ class SimConfig:
     check: bool = True  # check the invariants every round
     max_idle_rounds: int = 100  # rounds with jobs waiting, none arriving and no GPU allocated: a policy that hangs
     slowdown: dict = field(default_factory=dict)  # application -> how many times slower it progresses (SIA below)
-    exit_s: float = 0.0  # a job's last step to its processes' exit: it holds its GPUs, and is not done, until then
-    exit_weight: float = 0.0  # an exit of n processes takes exit_s * n ** exit_weight (they leave side by side)
-    join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
-    parallel_starts: float = 0.0  # processes starting (a job's first start or a resume, its joiners preparing) that
-    # go at full speed at once; with k > that, every start goes at parallel_starts / k (0: no limit). Cluster mode on
-    # one machine: every process that starts (imports torch, builds its job) shares its few cores
-    start_weight: float = 1.0  # a start of n processes weighs n ** start_weight processes in that count: a job's
-    # processes start side by side, partly waiting rather than computing (cluster mode's calibration fits it)
-    training_weight: float = 0.0  # and each process training beside the starts weighs this much (it computes too)
-    suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
-    # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later, and the
-    # policy sees the preempted job again (queued) only once it has left, as cluster mode's scheduler
-    rounds_at_arrivals: bool = False  # a job's arrival starts a round at once (as cluster mode's submit does)
-    completion_poll_s: float = 0.0  # a job's end starts a round at the next look, every this many seconds, for ended
-    # jobs (cluster mode's scheduler looks each second, then decides at once); 0: jobs end into the next round
-    arrival_lag_s: float = 0.0  # with rounds_at_arrivals: that round decides this long after the arrival (the
-    # scheduler records the submission first), so the new job is that old to the policy (Pollux's restart factor
-    # is 0 at age 0)
     restart_by_app: dict = field(default_factory=dict)  # application -> its (re)start seconds, over the two above
     per_type_batch: bool = False  # per-GPU batches bounded by each GPU type's own profile, not by the T4's
     job_model: str = "project"  # how jobs progress: the project's models (models/job.py), or EasyScale's artifact's
@@ -99,9 +82,10 @@ class Result:
         return asdict(self)
 
 
-def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) -> Result:
+def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, costs=RuntimeCosts()) -> Result:
     """Run `specs` (sorted by arrival) to completion under `policy`. `progress` (e.g. a tqdm bar) is
-    advanced by one per finished job."""
+    advanced by one per finished job. `costs`: what carrying decisions out costs beyond `config`'s restarts and
+    pauses (costs.py: cluster mode's, as measured; by default nothing)."""
     validate(specs, policy, cluster, config.job_model, apps)
     if config.in_place not in IN_PLACE_MODES:
         raise ValueError(f"in_place {config.in_place!r}: expected one of {', '.join(IN_PLACE_MODES)}")
@@ -117,10 +101,10 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None) ->
         job.per_type_batch = config.per_type_batch
         job.per_type_fit = policy.per_type_models
     for job in jobs:
-        job.exit_s, job.exit_weight = config.exit_s, config.exit_weight
-    run = SimulatedCluster(jobs, policy, cluster, config, progress)
+        job.exit_s, job.exit_weight = costs.exit_s, costs.exit_weight
+    run = SimulatedCluster(jobs, policy, cluster, config, costs, progress)
     rounds.run(run, policy)
-    return Result(policy.name, cluster.spec, asdict(config),
+    return Result(policy.name, cluster.spec, dict(asdict(config), **asdict(costs)),
                   sorted(run.records, key=lambda r: (r["arrival"], r["name"])),
                   {"time": run.times, "gpus": run.gpus_used, "active": run.num_active}, run.segments)
 
@@ -129,8 +113,9 @@ class SimulatedCluster:
     """The simulator's backend of the scheduling loop (rounds.run): a clock that moves a round at a time (or to the
     next arrival, completion or departure, where those start rounds), and the job models it advances."""
 
-    def __init__(self, jobs, policy, cluster, config, progress=None):
+    def __init__(self, jobs, policy, cluster, config, costs, progress=None):
         self.jobs, self.policy, self.cluster, self.config, self.progress = jobs, policy, cluster, config, progress
+        self.costs = costs
         self.in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
         # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
         self.active, self.running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
@@ -139,26 +124,26 @@ class SimulatedCluster:
         self.allocations, self.records, self.segments, self.opened, self.first_start = {}, [], [], {}, {}
         self.times, self.gpus_used, self.num_active = [], [], []
         self.now, self.arrived, self.idle = 0.0, 0, 0
-        self.lag = config.arrival_lag_s if config.rounds_at_arrivals else 0.0
+        self.lag = costs.arrival_lag_s if costs.rounds_at_arrivals else 0.0
 
     def next_round(self):
-        config, jobs, now = self.config, self.jobs, self.now
+        config, costs, jobs, now = self.config, self.costs, self.jobs, self.now
         if len(self.records) == len(jobs):
             return None
         if not self.active:  # idle cluster: skip to the round in which the next job arrives
-            now = max(now, jobs[self.arrived].arrival + self.lag if config.rounds_at_arrivals else
+            now = max(now, jobs[self.arrived].arrival + self.lag if costs.rounds_at_arrivals else
                       math.ceil(jobs[self.arrived].arrival / config.round_s) * config.round_s)
         else:
             step = config.round_s
-            if config.rounds_at_arrivals and self.arrived < len(jobs):
+            if costs.rounds_at_arrivals and self.arrived < len(jobs):
                 step = min(step, jobs[self.arrived].arrival + self.lag - now)
-            if config.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
+            if costs.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
                 if self.leaving:
-                    poll = config.completion_poll_s
+                    poll = costs.completion_poll_s
                     step = min(step, math.ceil(round((min(self.leaving.values()) - now) / poll, 9)) * poll)
-                step = _advance_to_a_completion(self.running.values(), now, step, config)
+                step = _advance_to_a_completion(self.running.values(), now, step, costs)
             else:
-                _advance(self.running.values(), now, step, config)
+                _advance(self.running.values(), now, step, costs)
             now += step
         self.now = now
         while self.arrived < len(jobs) and jobs[self.arrived].arrival + self.lag <= now:
@@ -187,7 +172,7 @@ class SimulatedCluster:
         return name in self.first_start
 
     def carry_out(self, now, cluster, decided, changes):
-        config = self.config
+        config, costs = self.config, self.costs
         if config.check:
             _check(now, decided, self.active, cluster)
         suspended = Counter(n for name, alloc in self.allocations.items() if name not in decided for n in alloc)
@@ -197,8 +182,8 @@ class SimulatedCluster:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
             delay = reallocation_cost(job, old, alloc, cluster, config, self.in_place) if alloc else 0.0
-            wait = config.suspend_s if suspended.keys() & change.gained.keys() else 0.0  # until the preempted left
-            prepare = config.join_s + wait
+            wait = costs.suspend_s if suspended.keys() & change.gained.keys() else 0.0  # until the preempted left
+            prepare = costs.join_s + wait
             if self.in_place and old and alloc and prepare and change.gained:
                 job.allocate_after(cluster.groups(alloc), delay, prepare)  # joiners start first
             else:
@@ -212,8 +197,8 @@ class SimulatedCluster:
             else:
                 del self.running[name]
                 self.paused[name] = job.progress
-                if config.suspend_s:
-                    self.leaving[name] = now + config.suspend_s
+                if costs.suspend_s:
+                    self.leaving[name] = now + costs.suspend_s
         self.allocations = decided
 
     def account(self, now, decided):
@@ -233,16 +218,16 @@ def job_maker(config):
     return lambda spec, apps, batch: EasyScaleJob(spec, apps[spec.app], apps.data, config.easyscale_speed)
 
 
-def _advance(jobs, now, seconds, config):
-    """Let `seconds` pass for the jobs holding GPUs. With `config.parallel_starts`, k > that processes starting at
+def _advance(jobs, now, seconds, costs):
+    """Let `seconds` pass for the jobs holding GPUs. With `costs.parallel_starts`, k > that processes starting at
     once (a start of n counting n ** start_weight, each training process training_weight) share the machine, each
     start at parallel_starts / k of its speed; the share changes only where a start ends, so the span is cut
     there."""
-    parallel, weight = config.parallel_starts, config.start_weight
+    parallel, weight = costs.parallel_starts, costs.start_weight
     while True:
         starting = sum(j.processes_starting ** weight for j in jobs if j.processes_starting) if parallel else 0
         if starting:
-            starting += config.training_weight * sum(j.processes_training for j in jobs)
+            starting += costs.training_weight * sum(j.processes_training for j in jobs)
         rate = min(1.0, parallel / starting) if starting else 1.0
         span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.processes_starting])
         for job in jobs:
@@ -252,13 +237,13 @@ def _advance(jobs, now, seconds, config):
             return
 
 
-def _advance_to_a_completion(jobs, now, seconds, config):
-    """Let up to `seconds` pass, a poll (config.completion_poll_s) at a time, ending after the poll in which a job
+def _advance_to_a_completion(jobs, now, seconds, costs):
+    """Let up to `seconds` pass, a poll (costs.completion_poll_s) at a time, ending after the poll in which a job
     completed; returns the seconds passed."""
     passed = 0.0
     while passed < seconds - 1e-9:
-        span = min(config.completion_poll_s, seconds - passed)
-        _advance(jobs, now + passed, span, config)
+        span = min(costs.completion_poll_s, seconds - passed)
+        _advance(jobs, now + passed, span, costs)
         passed += span
         if any(j.completion is not None for j in jobs):
             break

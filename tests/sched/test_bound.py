@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from easyscale_ext.sched.bound import job_lower_bounds
+from easyscale_ext.sched.costs import RuntimeCosts
 from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.workload import JobSpec, load_workload, unique_names, with_stand_ins
@@ -43,10 +44,10 @@ def assert_within_limits(data, specs, policy, cluster_spec):
 
 
 def test_a_job_alone_on_the_gpus_it_asks_for_reaches_its_limit(data):
-    config = SimConfig(start_s=20.0, exit_s=1.5, rounds_at_arrivals=True)
+    config, costs = SimConfig(start_s=20.0), RuntimeCosts(exit_s=1.5, rounds_at_arrivals=True)
     job = JobSpec("alone", 0.0, 2, duration=600.0)
-    limit, = job_lower_bounds([job], Cluster.parse("1x2"), Applications(data), config)
-    result = simulate([job], POLICIES["fifo"](0), Cluster.parse("1x2"), Applications(data), config)
+    limit, = job_lower_bounds([job], Cluster.parse("1x2"), Applications(data), config, costs)
+    result = simulate([job], POLICIES["fifo"](0), Cluster.parse("1x2"), Applications(data), config, costs=costs)
     assert limit == 621.5 and result.jobs[0]["jct"] == pytest.approx(limit)
 
 

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from easyscale_ext.sched.costs import RuntimeCosts
 from easyscale_ext.sched.models import workload
 from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import EASYSCALE as EASYSCALE_CLUSTER
@@ -25,31 +26,32 @@ from easyscale_ext.sched.simulator import EASYSCALE, SIA, SimConfig, simulate
 
 PINNED = os.path.join(os.path.dirname(__file__), "data", "pinned.json")
 JOBS = 8
-# cluster mode's costs on this runtime, the kinds bench/bench_cluster.py calibrates (values of one of its runs), in
+# cluster mode's costs on this runtime, the kinds bench/bench_cluster.py measures (values of one of its runs), in
 # minute rounds (its own are 2 s, on jobs of seconds)
-CLUSTER_MODE = SimConfig(start_s=6.0, restart_s=6.0, exit_s=0.8, exit_weight=0.3, join_s=3.0, parallel_starts=1.6,
-                         start_weight=0.7, training_weight=0.2, suspend_s=2.5, rounds_at_arrivals=True,
-                         completion_poll_s=20.0, arrival_lag_s=0.05)
+CLUSTER_MODE = RuntimeCosts(exit_s=0.8, exit_weight=0.3, join_s=3.0, parallel_starts=1.6, start_weight=0.7,
+                            training_weight=0.2, suspend_s=2.5, rounds_at_arrivals=True, completion_poll_s=20.0,
+                            arrival_lag_s=0.05)
 SIA_CLUSTER = "6x4:t4,2x8:a100,3x8:2080ti"  # Sia's
-SETTINGS = {  # name -> (workload, cluster, config)
-    "pollux": ("pollux/workloads/workload-6.csv", "4x4:t4", SimConfig()),
-    "sia": ("sia/workloads/philly/workload-1.csv", SIA_CLUSTER, SIA),
-    "easyscale": ("easyscale/workloads/test.csv", EASYSCALE_CLUSTER, EASYSCALE),
-    "cluster-mode": ("sia/workloads/philly/workload-2.csv", SIA_CLUSTER, CLUSTER_MODE),
+SETTINGS = {  # name -> (workload, cluster, config, costs)
+    "pollux": ("pollux/workloads/workload-6.csv", "4x4:t4", SimConfig(), RuntimeCosts()),
+    "sia": ("sia/workloads/philly/workload-1.csv", SIA_CLUSTER, SIA, RuntimeCosts()),
+    "easyscale": ("easyscale/workloads/test.csv", EASYSCALE_CLUSTER, EASYSCALE, RuntimeCosts()),
+    "cluster-mode": ("sia/workloads/philly/workload-2.csv", SIA_CLUSTER, SimConfig(start_s=6.0, restart_s=6.0),
+                     CLUSTER_MODE),
 }
 
 
 def runs(data, verbose=False):
     """(setting, policy) -> the run's digest and average JCT, for every policy that can run the setting."""
     apps, pinned = Applications(data), {}
-    for setting, (path, cluster, config) in SETTINGS.items():
+    for setting, (path, cluster, config, costs) in SETTINGS.items():
         specs = workload.with_stand_ins(workload.load_workload(data / path, JOBS), STAND_INS)[0]
         specs = (workload.last_per_name(specs) if config.job_model == "easyscale" else
                  workload.unique_names(specs))[0]
         for name, make in POLICIES.items():
             begin = time.perf_counter()
             try:
-                result = simulate(specs, make(0), Cluster.parse(cluster), apps, config)
+                result = simulate(specs, make(0), Cluster.parse(cluster), apps, config, costs=costs)
             except ValueError:  # the policy cannot run this setting (one GPU type, EasyScale's job model, ...)
                 continue
             record = json.dumps([result.jobs, result.timeline, result.segments], sort_keys=True)

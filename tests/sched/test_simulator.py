@@ -6,6 +6,7 @@ import pytest
 
 from easyscale_ext.cli import simulate as simulate_cli
 from easyscale_ext.sched.metrics import summarize
+from easyscale_ext.sched.costs import RuntimeCosts
 from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import ENV_VAR, data_dir
@@ -150,7 +151,8 @@ def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_and_ends_can_star
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 1, 1, duration=100)]  # one GPU: b waits for a
 
     def run(**timing):
-        result = simulate(jobs, FifoPolicy(), Cluster.parse("1x1"), None, SimConfig(start_s=0, **timing))
+        result = simulate(jobs, FifoPolicy(), Cluster.parse("1x1"), None, SimConfig(start_s=0),
+                          costs=RuntimeCosts(**timing))
         return [(j["start"], j["completion"]) for j in result.jobs]
 
     assert run() == [(0, 100), (120, 220)]  # rounds at 0, 60, 120: b starts at the first after a's end
@@ -159,7 +161,8 @@ def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_and_ends_can_star
     assert run(completion_poll_s=1.0) == [(0, 100), (100, 200)]  # a round at a's end
     assert run(completion_poll_s=1.0, exit_s=30.5) == [(0, 130.5), (131, 261.5)]  # at the look after its exit
     two = [JobSpec("a", 0, 2, duration=100)]  # an exit of n processes takes exit_s * n ** exit_weight
-    result = simulate(two, FifoPolicy(), Cluster.parse("1x2"), None, SimConfig(start_s=0, exit_s=10, exit_weight=0.5))
+    result = simulate(two, FifoPolicy(), Cluster.parse("1x2"), None, SimConfig(start_s=0),
+                      costs=RuntimeCosts(exit_s=10, exit_weight=0.5))
     assert result.jobs[0]["completion"] == pytest.approx(100 + 10 * 2 ** 0.5)
 
 
@@ -183,8 +186,9 @@ def test_processes_that_join_in_place_prepare_while_the_job_trains_as_before(app
     spec = JobSpec("a", 0, 1, "cifar10", 128, epochs=8)  # 320 s on one GPU
 
     def end(policy, **timing):
-        config = SimConfig(start_s=0, in_place_s=0, **timing)
-        return simulate([spec], policy, Cluster.parse("1x2"), apps, config).jobs[0]["completion"]
+        config = SimConfig(start_s=0, in_place_s=0)
+        return simulate([spec], policy, Cluster.parse("1x2"), apps, config, costs=RuntimeCosts(**timing)).jobs[0][
+            "completion"]
 
     alone, grown = end(GrowAt(at=1e9)), end(GrowAt(at=60))
     assert grown < end(GrowAt(at=60), join_s=30) < alone
@@ -206,9 +210,9 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 30, 1, duration=100)]
 
     def run(**timing):
-        config = SimConfig(start_s=0, restart_s=10, rounds_at_arrivals=True, **timing)
-        return {j["name"]: (j["start"], j["completion"]) for j in simulate(jobs, Newest(), Cluster.parse("1x1"),
-                                                                            None, config).jobs}
+        costs = RuntimeCosts(rounds_at_arrivals=True, **timing)
+        return {j["name"]: (j["start"], j["completion"]) for j in simulate(
+            jobs, Newest(), Cluster.parse("1x1"), None, SimConfig(start_s=0, restart_s=10), costs=costs).jobs}
 
     # rounds at 0, 30 (b's arrival), 90, 150: a runs 30 s, then from 150 (+10 s restart) its other 70 s
     assert run() == {"a": (0, 230), "b": (30, 130)}
@@ -231,8 +235,8 @@ def test_a_preempted_job_is_out_of_the_policys_sight_until_it_has_left_and_its_l
     look that finds it gone starts a round."""
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 30, 1, duration=100), JobSpec("c", 32, 1, duration=100)]
     policy = Watching()
-    config = SimConfig(start_s=0, restart_s=10, rounds_at_arrivals=True, completion_poll_s=1.0, suspend_s=4.5)
-    simulate(jobs, policy, Cluster.parse("1x1"), None, config)
+    costs = RuntimeCosts(rounds_at_arrivals=True, completion_poll_s=1.0, suspend_s=4.5)
+    simulate(jobs, policy, Cluster.parse("1x1"), None, SimConfig(start_s=0, restart_s=10), costs=costs)
     # a leaves from 30 to 34.5, b (preempted by c) from 32 to 36.5: each is shown again at the next look
     assert policy.shown[:5] == [(0, ["a"]), (30, ["a", "b"]), (32, ["b", "c"]), (35, ["a", "c"]),
                                 (37, ["a", "b", "c"])]
@@ -245,9 +249,9 @@ def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):
     from easyscale_ext.sched.policies.pollux import PolluxPolicy
 
     def start(lag):
-        config = SimConfig(round_s=15.0, start_s=5.0, rounds_at_arrivals=True, arrival_lag_s=lag)
+        costs = RuntimeCosts(rounds_at_arrivals=True, arrival_lag_s=lag)
         result = simulate([JobSpec("a", 3.0, 1, "bert", 12, epochs=1)], PolluxPolicy(0, search="elitist"),
-                          Cluster.parse("1x4"), apps, config)
+                          Cluster.parse("1x4"), apps, SimConfig(round_s=15.0, start_s=5.0), costs=costs)
         return result.jobs[0]["start"]
 
     assert start(0.0) == 18.0 and start(0.1) == pytest.approx(3.1)
@@ -260,10 +264,10 @@ def test_processes_starting_beyond_parallel_starts_share_the_machine():
     jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 5, 1, duration=100), JobSpec("c", 5, 2, duration=100)]
 
     def run(parallel, *specs, weight=1.0, training=0.0):
-        config = SimConfig(start_s=10, rounds_at_arrivals=True, parallel_starts=parallel, start_weight=weight,
-                           training_weight=training)
+        costs = RuntimeCosts(rounds_at_arrivals=True, parallel_starts=parallel, start_weight=weight,
+                             training_weight=training)
         return {j["name"]: j["completion"] for j in simulate(list(specs), FifoPolicy(), Cluster.parse("1x4"), None,
-                                                              config).jobs}
+                                                              SimConfig(start_s=10), costs=costs).jobs}
 
     assert run(0, *jobs) == {"a": 110, "b": 115, "c": 115}  # no limit: 10 s each
     assert run(1, *jobs[:2]) == {"a": 115, "b": 120}  # a alone 5 s, then both at half speed: a ends at 15, b at 20

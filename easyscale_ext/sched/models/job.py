@@ -96,7 +96,7 @@ class Job:
 
     def advance(self, now, seconds, start_rate=1.0):
         """Let `seconds` pass from time `now`; a start in progress goes at `start_rate` of its full speed (the
-        starts at once share the machine: SimConfig.parallel_starts)."""
+        starts at once share the machine: RuntimeCosts.parallel_starts)."""
         if self.joining is not None:
             groups, delay, left = self.joining
             first = min(left / start_rate, seconds)
