@@ -22,7 +22,7 @@ arrivals moved by up to --jitter s after the first draw (simulate_draws), and th
 policy that decides on near-ties gives a spread, of which one simulation, like one real run, is a single draw.
 
     python bench/bench_cluster.py                                   # 7 policies x 3 runs, 16 jobs
-    python bench/bench_cluster.py --policies fifo,ours --jobs 4 --runs 1 --steps 6
+    python bench/bench_cluster.py --policies fifo,elastic-goodput --jobs 4 --runs 1 --steps 6
     python bench/bench_cluster.py --costs costs.json --keep runs/  # keep the calibration, the runs' state and results;
                                                                     # again: only the runs not kept yet run
 """
@@ -41,7 +41,7 @@ from dataclasses import replace
 HERE = os.path.dirname(os.path.abspath(__file__))
 APPS = ("imagenet", "yolov3", "deepspeech2", "bert")
 TYPES = ("t4", "a100")
-POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,ours"
+POLICIES = "fifo,tiresias,pollux,sia,easyscale-homo,easyscale-heter,elastic-goodput"
 VIRTUAL_WORKERS, SLOTS = 4, 4
 CLUSTER = ",".join(f"1x{SLOTS}:{t}" for t in sorted(TYPES))  # as `easyscale simulate --cluster`, in the scheduler's
 # node order (backend.policy_view: by type)

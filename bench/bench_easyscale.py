@@ -17,7 +17,7 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.easyscale import SPEED_SOURCES
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import last_per_name, load_workload, unique_names, with_stand_ins
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import EASYSCALE, SimConfig, simulate
 
 POLICY_NAMES = ("easyscale-heter", "easyscale-homo", "yarn-cs")
@@ -29,7 +29,7 @@ def figures(specs, config, data):
     out = {}
     for name in POLICY_NAMES:
         begin = time.process_time()
-        jobs = simulate(specs, POLICIES[name](0), Cluster.parse(CLUSTER), Applications(data), config).jobs
+        jobs = simulate(specs, RUNNABLE[name](0), Cluster.parse(CLUSTER), Applications(data), config).jobs
         end = max(j["completion"] for j in jobs)
         out[name] = (float(np.mean([j["jct"] for j in jobs])), end, time.process_time() - begin)
     return out

@@ -1,5 +1,5 @@
 """Every policy under one job model (issue 24): per workload family a table of avg JCT, p99 JCT and makespan, and
-the ablation of ours. Markdown for BENCHMARKS.md; one simulation at a time.
+the ablation of elastic-goodput. Markdown for BENCHMARKS.md; one simulation at a time.
 
 Job model, the same for every policy: a restart-based job pays its restart (Pollux's workloads and EasyScale's:
 a flat 30 s, EasyScale's 20 s first start; Sia's workloads: Sia's per-application 15-250 s); a job of a policy
@@ -8,7 +8,7 @@ that runs in place pays the measured pause plus the bytes that move (models/real
   python bench/bench_fair.py --tables                       # the three families (~13 min on one core)
   python bench/bench_fair.py --ablation --workloads 1 2 3 4 # ablation: Sia's and Pollux's 1-4, EasyScale's
   python bench/bench_fair.py --tables --families sia --workloads 1
-  python bench/bench_fair.py --spread --families easyscale  # ours / sia under arrivals moved by up to 30 s
+  python bench/bench_fair.py --spread --families easyscale  # elastic-goodput / sia under arrivals moved by up to 30 s
 """
 import argparse
 import json
@@ -23,19 +23,19 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import SIA_RESTARTS, SimConfig, simulate
 
 FAMILIES = {  # workload path, cluster, job model (flags of easyscale simulate), policies
     "sia": ("sia/workloads/philly/workload-{}.csv", "6x4:t4,2x8:a100,3x8:2080ti", SIA_RESTARTS,
             "--calibration sia-restarts", ["fifo", "tiresias", "pollux", "easyscale-homo", "easyscale-heter", "sia",
-                                           "ours"]),
+                                           "elastic-goodput"]),
     "pollux": ("pollux/workloads/workload-{}.csv", "16x4:t4", SimConfig(), "",
                ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog", "pollux", "easyscale-homo", "sia",
-                "ours"]),
+                "elastic-goodput"]),
     "easyscale": ("easyscale/workloads/test.csv", "4x8:v100,2x8:p100,4x4:t4", SimConfig(start_s=20.0, restart_s=30.0),
                   "--start 20 --restart 30", ["yarn-cs", "tiresias", "pollux", "easyscale-homo",
-                                              "easyscale-heter", "sia", "ours"]),
+                                              "easyscale-heter", "sia", "elastic-goodput"]),
 }
 # Published average JCTs, seconds: the Pollux artifact's results-jobload/<policy>-1.0/summary.json per workload;
 # EasyScale's paper for its test.csv (heter / homo / YARN-CS). Sia's draft gives means only (calibrated testbed).
@@ -54,13 +54,17 @@ ABLATION = [
     ("Sia + in place", "sia", "on", "Sia's program unchanged; jobs move in place (pause + bytes)"),
     ("Sia + in place, discounted", "sia-inplace", "policy", "as above, and the program discounts a change by 1 s"),
     ("Sia + mixed types", "sia-mixed", "policy", "Sia's program with two-type configurations; restarts"),
-    ("ours", "ours", "policy", "two-type pairs + cheap-move growth + sqrt-utility objective + remaining-work weight; "
-     "jobs in place"),
-    ("ours without mixed types", "ours-no-mixed", "policy", "one type per job"),
-    ("ours without cheap-move growth", "ours-no-fast-growth", "policy", "Sia's 2x growth limit and 30 s discount"),
-    ("ours with Sia's objective", "ours-sia-objective", "policy", "Sia's cost value^-0.5 instead of the utility"),
-    ("ours without the remaining-work weight", "ours-no-remaining", "policy", "values not weighted by remaining work"),
-    ("ours, restart-based", "ours", "off", "ours' program, but jobs restart on every change"),
+    ("elastic-goodput", "elastic-goodput", "policy",
+     "two-type pairs + cheap-move growth + sqrt-utility objective + remaining-work weight; jobs in place"),
+    ("elastic-goodput without mixed types", "elastic-goodput-no-mixed", "policy", "one type per job"),
+    ("elastic-goodput without cheap-move growth", "elastic-goodput-no-fast-growth", "policy",
+     "Sia's 2x growth limit and 30 s discount"),
+    ("elastic-goodput with Sia's objective", "elastic-goodput-sia-objective", "policy",
+     "Sia's cost value^-0.5 instead of the utility"),
+    ("elastic-goodput without the remaining-work weight", "elastic-goodput-no-remaining", "policy",
+     "values not weighted by remaining work"),
+    ("elastic-goodput, restart-based", "elastic-goodput", "off",
+     "elastic-goodput's program, but jobs restart on every change"),
 ]
 
 
@@ -82,7 +86,7 @@ def moved(specs, draw, jitter):
 def run(family, index, policy, data, draw=0, jitter=0.0, **config):
     _, cluster, base, _, _ = FAMILIES[family]
     begin = time.process_time()
-    result = simulate(moved(specs_of(family, index, data), draw, jitter), POLICIES[policy](0), Cluster.parse(cluster),
+    result = simulate(moved(specs_of(family, index, data), draw, jitter), RUNNABLE[policy](0), Cluster.parse(cluster),
                       Applications(data), replace(base, **config))
     figures = summary({j["name"]: (j["arrival"], j["jct"]) for j in result.jobs})
     limits = lower_limits(family, index, data)
@@ -139,23 +143,23 @@ def tables(args, data, out):
         print(f"\n{LIMIT}: each job alone, in every epoch on its fastest one-type allocation and batch, moving for "
               f"free (sched.bound); the least JCT / limit of any job in any row: {least:.4f}"
               + ("" if least >= 1 - 1e-9 else " (BELOW 1: the limit does not hold)"))
-        if "sia" in rows and "ours" in rows:
+        if "sia" in rows and "elastic-goodput" in rows:
             print("\nours / sia per workload (avg, p99, makespan): " + "; ".join(
                 f"{i}: {o['avg'] / s['avg']:.3f}, {o['p99'] / s['p99']:.3f}, {o['makespan'] / s['makespan']:.3f}"
-                for i, o, s in zip(indices, rows["ours"], rows["sia"])), flush=True)
+                for i, o, s in zip(indices, rows["elastic-goodput"], rows["sia"])), flush=True)
 
 
 def spread(args, data, out):
-    """Ours' avg JCT over Sia's per workload, in draws whose arrivals are moved by up to --jitter seconds: a
+    """Elastic-goodput's avg JCT over Sia's per workload, in draws whose arrivals are moved by up to --jitter seconds: a
     figure of one trace can turn on near-ties, so one simulation is one draw of a spread."""
     for family in args.families:
         indices = [0] if family == "easyscale" else args.workloads
-        print(f"\n{family}: ours / sia, avg JCT, arrivals moved by up to {args.jitter:g} s (draw 0: as in the "
-              "trace)\n")
+        print(f"\n{family}: elastic-goodput / sia, avg JCT, arrivals moved by up to {args.jitter:g} s (draw 0: as "
+              "in the trace)\n")
         print("| workload | " + " | ".join(f"draw {d}" for d in range(args.draws)) + " | median |")
         print("|---|" + "---:|" * (args.draws + 1))
         for i in indices:
-            ratios = [run(family, i, "ours", data, d, args.jitter)["avg"] /
+            ratios = [run(family, i, "elastic-goodput", data, d, args.jitter)["avg"] /
                       run(family, i, "sia", data, d, args.jitter)["avg"] for d in range(args.draws)]
             out.setdefault("spread", {}).setdefault(family, {})[i] = ratios
             print(f"| {i} | " + " | ".join(f"{r:.3f}" for r in ratios) + f" | {np.median(ratios):.3f} |", flush=True)
@@ -198,7 +202,7 @@ def main():
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--workloads", type=int, nargs="+", default=list(range(1, 9)))
     parser.add_argument("--spread", action="store_true",
-                        help="ours / sia per workload over draws of shifted arrivals")
+                        help="elastic-goodput / sia per workload over draws of shifted arrivals")
     parser.add_argument("--draws", type=int, default=6, help="with --spread: draws, the first as in the trace")
     parser.add_argument("--jitter", type=float, default=30.0, help="with --spread: seconds an arrival moves, at most")
     parser.add_argument("--json", default=None, help="write the raw figures here")

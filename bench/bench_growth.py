@@ -30,7 +30,7 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import simulate, validate
 
 TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
@@ -78,11 +78,11 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
     A ValueError where the policy cannot run them at all."""
     try:
         cluster = cluster_of(gpus)
-        validate(specs, POLICIES[name](0), cluster)
+        validate(specs, RUNNABLE[name](0), cluster)
         return cluster, False
     except ValueError:  # a policy of one GPU type: all T4s
         cluster = cluster_of(gpus, TYPES[:1])
-        validate(specs, POLICIES[name](0), cluster)
+        validate(specs, RUNNABLE[name](0), cluster)
         return cluster, True
 
 
@@ -95,9 +95,9 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None
           "CPU s a round, last 1,000 | whole trace, CPU s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
-        specs = drawn if POLICIES[name](0).profiled else trace
+        specs = drawn if RUNNABLE[name](0).profiled else trace
         cluster, t4_only = cluster_for(name, specs, 2400)
-        timed = Timed(POLICIES[name](0))
+        timed = Timed(RUNNABLE[name](0))
         begin = time.process_time()
         signal.setitimer(signal.ITIMER_PROF, budget)
         try:
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--gpus", type=int, nargs="+", default=[64, 512, 4096])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cap", type=float, default=30.0, help="seconds a round may take before larger points are skipped")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(RUNNABLE))
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="")
     ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
@@ -162,7 +162,7 @@ def main():
                 break
             if t4_only:
                 one_type.add(name)
-            timed = Timed(POLICIES[name](0), args.rounds)
+            timed = Timed(RUNNABLE[name](0), args.rounds)
             signal.alarm(int(args.cap * args.rounds * 2))  # a round far over the cap is not waited out
             try:
                 simulate(specs, timed, cluster, apps)

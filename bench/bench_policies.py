@@ -6,8 +6,8 @@ BENCHMARKS.md.
   sia        Sia's Philly workloads on its 6 x 4 T4 + 2 x 8 A100 + 3 x 8 RTX 2080Ti
   easyscale  EasyScale-format workloads drawn from the Philly trace (seeds) on its 32 V100 + 16 P100 + 16 T4,
              20 s first start, 30 s per restart
-Jobs of policies that scale in place (EasyScale's, ours) pay an in-place move's cost instead (the measured pause
-plus the bytes that move, models/reallocation.py). The tables of issue 24 (one job model, Sia's restart seconds on
+Jobs of policies that scale in place (EasyScale's, elastic-goodput) pay an in-place move's cost instead (the measured
+pause plus the bytes that move, models/reallocation.py). The tables of issue 24 (one job model, Sia's restart seconds on
 its workloads, the ablation) come from bench/bench_fair.py.
 
   python bench/bench_policies.py                       # 3 workloads per family, ~8 min on 2 cores
@@ -23,10 +23,10 @@ from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import easyscale_workload, load_workload
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
-ELASTIC = ["pollux", "sia", "easyscale-homo", "easyscale-heter", "ours"]
+ELASTIC = ["pollux", "sia", "easyscale-homo", "easyscale-heter", "elastic-goodput"]
 FAMILIES = {  # cluster, simulator settings, policies
     "pollux": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog"] + ELASTIC),
     "pollux-2x": ("16x4:t4", SimConfig(), ["fifo", "tiresias", "optimus", "edl", "saxena", "icefrog"] + ELASTIC),
@@ -51,7 +51,7 @@ def run(task):
     family, index, policy, specs, data = task
     spec, config, _ = FAMILIES[family]
     begin = time.perf_counter()
-    result = simulate(specs, POLICIES[policy](0), Cluster.parse(spec), Applications(data), config)
+    result = simulate(specs, RUNNABLE[policy](0), Cluster.parse(spec), Applications(data), config)
     jct = np.array([j["jct"] for j in result.jobs])
     end = max(j["completion"] for j in result.jobs) - min(j["arrival"] for j in result.jobs)
     used = sum(j["gpu_seconds"] for j in result.jobs) / (Cluster.parse(spec).total_gpus * end)
@@ -66,11 +66,11 @@ def table(family, indices, rows):
     print("| policy | avg JCT h | p99 JCT h | makespan h | GPU util | " + " | ".join(
         f"avg JCT h, {label} {i}" for i in indices) + " | wall s per run |")
     print("|---|" + "---:|" * (5 + len(indices)))
-    best = min(np.mean([rows[family, i, p]["avg"] for i in indices]) for p in policies if p != "ours")
+    best = min(np.mean([rows[family, i, p]["avg"] for i in indices]) for p in policies if p != "elastic-goodput")
     for p in policies:
         r = [rows[family, i, p] for i in indices]
         mean = {k: np.mean([x[k] for x in r]) for k in ("avg", "p99", "makespan", "util", "wall")}
-        mark = f" ({mean['avg'] / best:.2f} of the best other)" if p == "ours" else ""
+        mark = f" ({mean['avg'] / best:.2f} of the best other)" if p == "elastic-goodput" else ""
         print(f"| {p} | {mean['avg'] / 3600:.3f}{mark} | {mean['p99'] / 3600:.2f} | {mean['makespan'] / 3600:.1f} | "
               f"{mean['util']:.2f} | " + " | ".join(f"{x['avg'] / 3600:.3f}" for x in r) + f" | {mean['wall']:.0f} |")
 

@@ -30,7 +30,7 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.policies.pollux import SEARCHES, PolluxPolicy
 from easyscale_ext.sched.simulator import SIA, SimConfig, simulate, validate
 
@@ -70,7 +70,7 @@ def run(task, search=None):
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
     chosen = PolluxPolicy(seed, search=search[0], population=search[1], generations=search[2]) \
-        if search and policy == "pollux" else POLICIES[policy](seed)
+        if search and policy == "pollux" else RUNNABLE[policy](seed)
     result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
@@ -166,7 +166,7 @@ def timing(data, policies):
         for path in paths:
             specs = unique_names(with_stand_ins(load_workload(data / path), STAND_INS)[0])[0]
             for name in policies:
-                make = POLICIES[name]
+                make = RUNNABLE[name]
                 try:
                     validate(specs, make(0), cluster)
                 except ValueError:
@@ -194,7 +194,7 @@ def main():
                         help="Philly-trace job counts to time (none: skip)")
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="with --timing: the policies to time")
+    parser.add_argument("--policies", default=",".join(RUNNABLE), help="with --timing: the policies to time")
     parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
     parser.add_argument("--search", default="nsga2", choices=SEARCHES,
                         help="Pollux's search: the artifact's NSGA-II (default) or the elitist one")
@@ -206,9 +206,9 @@ def main():
     job = functools.partial(run, search=search)
     if args.timing:
         policies = args.policies.split(",")
-        unknown = sorted(set(policies) - set(POLICIES))
+        unknown = sorted(set(policies) - set(RUNNABLE))
         if unknown:
-            parser.error(f"unknown policies {unknown}: choose among {', '.join(POLICIES)}")
+            parser.error(f"unknown policies {unknown}: choose among {', '.join(RUNNABLE)}")
         return timing(data, policies)
     if args.sia:
         tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in SIA_MODELS

@@ -19,7 +19,7 @@ from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import easyscale_workload, load_workload
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
 STOP_FREE_S = 0.07  # BENCHMARKS.md, "Scale-event pause": 0.06-0.07 s per in-place scale event
@@ -34,7 +34,7 @@ EASYSCALE_LOAD = dict(jobs=80, hours=8.0)
 def run(task):
     policy, restart, workload, data = task
     specs = load_workload(data / "pollux" / "workloads" / f"{workload}.csv")
-    result = simulate(specs, POLICIES[policy](0), Cluster.parse("16x4:t4"), Applications(data),
+    result = simulate(specs, RUNNABLE[policy](0), Cluster.parse("16x4:t4"), Applications(data),
                       SimConfig(restart_s=restart, start_s=restart))
     start = min(j["arrival"] for j in result.jobs)
     done = {h: sum(j["completion"] - start <= h * 3600 for j in result.jobs) for h in HORIZONS_H}
@@ -45,7 +45,7 @@ def run(task):
 
 def run_easyscale(task):
     policy, seed, specs, data = task
-    result = simulate(specs, POLICIES[policy](0), Cluster.parse(EASYSCALE_CLUSTER), Applications(data),
+    result = simulate(specs, RUNNABLE[policy](0), Cluster.parse(EASYSCALE_CLUSTER), Applications(data),
                       SimConfig(start_s=20.0, restart_s=0.0))
     jct = [j["jct"] for j in result.jobs]
     end = max(j["completion"] for j in result.jobs) - min(j["arrival"] for j in result.jobs)

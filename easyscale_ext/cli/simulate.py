@@ -22,7 +22,7 @@ from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND
 from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
-from ..sched.policies import POLICIES
+from ..sched.policies import POLICIES, RUNNABLE
 from ..sched.simulator import EASYSCALE as EASYSCALE_MODEL
 from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, job_maker, simulate, validate
 from .errors import UsageError
@@ -38,8 +38,9 @@ def add_parser(subparsers):
                    help="a Pollux, Sia or EasyScale workload CSV, or the Philly trace: a path, or one inside the "
                         "data folder (e.g. pollux/workloads/workload-6.csv, easyscale/workloads/test.csv)")
     p.add_argument("--policy", default="all", metavar="NAME,...|all",
-                   help=f"the policies to run, comma-separated, of {', '.join(POLICIES)}; or all that can run the "
-                        "workload on the cluster (default). One process each, two at a time")
+                   help=f"the policies to run, comma-separated, of {', '.join(POLICIES)}; or all of those that can "
+                        "run the workload on the cluster (default). One process each, two at a time. The ablations "
+                        "of BENCHMARKS.md's tables run too (sched.policies.EXPERIMENTS)")
     p.add_argument("--cluster", default=None, help=f"COUNTxGPUS[:TYPE],... with TYPE one of {', '.join(GPU_TYPES)} "
                                                    f"(default {DEFAULT}; {EASYSCALE}, EasyScale's, for an "
                                                    "EasyScale-format workload)")
@@ -121,7 +122,7 @@ def parse_cluster(spec) -> Cluster:
 
 def policy_names(text) -> list:
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    unknown = [n for n in names if n not in POLICIES and n != "all"]
+    unknown = [n for n in names if n not in RUNNABLE and n != "all"]
     if unknown or not names or "all" in names and len(names) > 1:
         raise UsageError(f"--policy {text}: expected all, or comma-separated names of {', '.join(POLICIES)}"
                          + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
@@ -174,7 +175,7 @@ def run_one(name, specs, cluster, args, position=0):
     bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()
-    result = simulate(specs, POLICIES[name](args.seed), cluster, apps, config, progress=bar)
+    result = simulate(specs, RUNNABLE[name](args.seed), cluster, apps, config, progress=bar)
     wall = time.perf_counter() - begin
     bar.close()
     isolated = isolated_runtimes(specs, apps, cluster, job_maker(config))
@@ -223,7 +224,7 @@ def choose(names, specs, cluster, seed, job_model, apps) -> list:
     refused = {}
     for name in chosen:
         try:
-            validate(specs, POLICIES[name](seed), cluster, job_model, apps)
+            validate(specs, RUNNABLE[name](seed), cluster, job_model, apps)
         except ValueError as e:
             refused[name] = str(e)
     if refused and (names != ["all"] or len(refused) == len(chosen)):

@@ -9,11 +9,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 
-from .policies import POLICIES  # noqa: E402
+from .policies import RUNNABLE  # noqa: E402
 
 # One colour per registered policy, fixed: tab20's ten dark shades, then its ten light ones, in registry order (a
 # new policy appended to the registry takes the next one and moves no other).
-COLOURS = dict(zip(POLICIES, (plt.cm.tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)])))
+COLOURS = dict(zip(RUNNABLE, (plt.cm.tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)])))
 
 
 def _save(fig, path):

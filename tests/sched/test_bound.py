@@ -25,7 +25,7 @@ def specs(data):
     return first_jobs(data, "sia/workloads/philly/workload-1.csv", 20)
 
 
-@pytest.mark.parametrize("policy", ["sia", "ours", "easyscale-heter", "tiresias"])
+@pytest.mark.parametrize("policy", ["sia", "elastic-goodput", "easyscale-heter", "tiresias"])
 def test_no_job_of_any_policy_finishes_below_its_limit(data, specs, policy):
     assert_within_limits(data, specs, policy, CLUSTER)
 
@@ -55,7 +55,7 @@ def test_an_application_job_alone_comes_close_to_its_limit(data, specs):
     job = replace(next(s for s in specs if s.app == "deepspeech2"), arrival=0.0)
     config, cluster = SimConfig(), Cluster.parse(CLUSTER)
     limit, = job_lower_bounds([job], cluster, Applications(data), config)
-    result = simulate([job], POLICIES["ours"](0), cluster, Applications(data), config)
+    result = simulate([job], POLICIES["elastic-goodput"](0), cluster, Applications(data), config)
     assert 1 <= result.jobs[0]["jct"] / limit < 1.15  # its first minute's round, then its model learns its speed
 
 

@@ -6,7 +6,7 @@ import pytest
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.icefrog import MEASURED, Freezing, IceFrogPolicy, from_run
 from easyscale_ext.sched.simulator import SimConfig, simulate
@@ -69,5 +69,5 @@ def test_the_spare_gpu_goes_to_the_frozen_job_that_gains_more_from_it(apps):
 
 
 def test_both_variants_are_registered_and_only_one_values_frozen_layers():
-    assert POLICIES["icefrog"](0).layer_aware and not POLICIES["icefrog-nofreeze"](0).layer_aware
+    assert RUNNABLE["icefrog"](0).layer_aware and not RUNNABLE["icefrog-nofreeze"](0).layer_aware
     assert isinstance(MEASURED, Freezing)

@@ -6,7 +6,7 @@ from easyscale_ext.sched import live
 from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import POLICIES, RUNNABLE
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.policies.limits import Limits
 
@@ -56,12 +56,13 @@ def test_limits_cap_an_allocation_and_top_up_a_start_below_the_minimum_where_slo
 TWO_TYPES = Cluster.parse("1x2:a100,1x2:t4")
 
 
-@pytest.mark.parametrize("name, d2, spans", [("easyscale-heter", True, True), ("ours", True, True),
+@pytest.mark.parametrize("name, d2, spans", [("easyscale-heter", True, True), ("elastic-goodput", True, True),
                                              ("easyscale-heter", False, False), ("easyscale-homo", True, False),
                                              ("sia", True, False)])
 def test_a_job_that_needs_more_slots_than_one_type_has_starts_where_the_policy_may_span_it(name, d2, spans):
     """A job at D2 of minimum 3 on two types of 2 slots each: what `submit` admits (the policy's spans_types) is
-    what starts in the first round. EasyScale starts every job on one GPU; ours would give a CNN two A100s."""
+    what starts in the first round. EasyScale starts every job on one GPU; elastic-goodput would give a CNN two
+    A100s."""
     apps = Applications(data_dir())
     policy = Limits(POLICIES[name](0))
     job = live.job_model("j", 0.0, 8, 8, apps["cifar10"], None, policy, d2=d2)
@@ -92,10 +93,10 @@ def test_easyscale_spreads_a_d2_job_over_both_types_where_its_model_runs_it_fast
     assert held == {"deepspeech2": [0, 0, 1, 1], "cifar10": [0, 0]}, held
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
 def test_every_policy_runs_on_live_job_models_without_stopping_a_running_job(name):
     apps = Applications(data_dir())
-    policy = Limits(POLICIES[name](0), preempt=False)
+    policy = Limits(RUNNABLE[name](0), preempt=False)
     models = [live.job_model(f"j{i}", i * 10.0, 4, 4, apps["cifar10"], None, policy) for i in range(5)]
     allocations = {}
     for round_ in range(4):
@@ -154,7 +155,7 @@ def test_a_running_job_the_policy_stops_is_preempted_and_its_slots_go_to_the_pol
     assert policy.optimize(0, jobs("old"), CLUSTER, {"old": (0, 1)}) == {"old": (0, 0)}
 
 
-@pytest.mark.parametrize("policy", ["pollux", "sia", "ours"])
+@pytest.mark.parametrize("policy", ["pollux", "sia", "elastic-goodput"])
 def test_a_real_job_keeps_its_batch_whatever_the_policy_would_tune(policy):
     """A real job's global batch is its virtual workers' micro-batches, fixed (they keep its bits): a policy that
     tunes batches models it, and the simulation of the cluster runs it, at that batch."""
@@ -187,7 +188,7 @@ def test_a_real_jobs_goodput_is_valued_at_its_own_micro_batches():
     assert adaptive.goodput_model().best(1, 8)[0][0] > 0  # an adaptive job's batch grows with its GPUs
 
 
-@pytest.mark.parametrize("name", ["pollux", "sia", "ours"])
+@pytest.mark.parametrize("name", ["pollux", "sia", "elastic-goodput"])
 def test_policies_that_read_measurements_grow_a_real_job_and_prefer_its_faster_type(name):
     """Under Limits (the cluster's jobs keep their batch), the policies that value jobs by what they measured see
     them: a lone job grows past 1 GPU (they offer at most twice what it has been measured on), and the type-aware

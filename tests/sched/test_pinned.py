@@ -21,7 +21,7 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import EASYSCALE as EASYSCALE_CLUSTER
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.simulator import EASYSCALE, SIA, SimConfig, simulate
 
 PINNED = os.path.join(os.path.dirname(__file__), "data", "pinned.json")
@@ -48,7 +48,7 @@ def runs(data, verbose=False):
         specs = workload.with_stand_ins(workload.load_workload(data / path, JOBS), STAND_INS)[0]
         specs = (workload.last_per_name(specs) if config.job_model == "easyscale" else
                  workload.unique_names(specs))[0]
-        for name, make in POLICIES.items():
+        for name, make in RUNNABLE.items():
             begin = time.perf_counter()
             try:
                 result = simulate(specs, make(0), Cluster.parse(cluster), apps, config, costs=costs)

@@ -11,7 +11,7 @@ from easyscale_ext.sched.models.reallocation import MODEL_STATE, PAUSE_S, in_pla
 from easyscale_ext.sched.models.workload import JobSpec, load_workload
 from easyscale_ext.sched.policies import POLICIES
 from easyscale_ext.sched.policies.fifo import FifoPolicy
-from easyscale_ext.sched.policies.ours import OursPolicy
+from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy
 from easyscale_ext.sched.simulator import SIA_RESTARTS, SimConfig, simulate
 
 CLUSTER = Cluster.parse("2x4:t4")  # nodes 0 and 1, four GPUs each
@@ -87,14 +87,14 @@ def test_freezing_is_off_unless_a_job_opts_in_or_the_run_turns_it_on(apps, tmp_p
     assert fz.timeline_for(plain, SimConfig(freezing="on")) is fz.TIMELINES["cifar10"]
     # No published timeline for YOLOv3: it never freezes.
     assert fz.timeline_for(replace(opted, app="yolov3"), SimConfig(freezing="on")) is None
-    # No policy makes its jobs freeze: ours runs a workload exactly as with freezing off.
+    # No policy makes its jobs freeze: elastic-goodput runs a workload exactly as with freezing off.
     path = tmp_path / "w.csv"
     path.write_text("name,time,application,num_replicas,batch_size,freeze\na,0,cifar10,1,128,0\nb,0,cifar10,1,128,1\n")
     specs = load_workload(path)
     assert [s.freeze for s in specs] == [False, True]
     one = [replace(s, freeze=False) for s in specs]
-    default = simulate(one, POLICIES["ours"](0), Cluster.parse("1x2"), apps, SimConfig()).jobs
-    off = simulate(one, POLICIES["ours"](0), Cluster.parse("1x2"), apps, SimConfig(freezing="off")).jobs
+    default = simulate(one, POLICIES["elastic-goodput"](0), Cluster.parse("1x2"), apps, SimConfig()).jobs
+    off = simulate(one, POLICIES["elastic-goodput"](0), Cluster.parse("1x2"), apps, SimConfig(freezing="off")).jobs
     assert default == off
 
 
@@ -133,19 +133,19 @@ def test_ours_offers_two_type_configurations_only_where_d2_is_cheap(apps):
         for gpus in (1, 2, 4):  # measured on up to 4 A100s
             job.allocate({"a100": (gpus,)}, 0.0)
             job.advance(0.0, 300)
-        for policy in (OursPolicy(), OursPolicy(fast_growth=False)):
+        for policy in (ElasticGoodputPolicy(), ElasticGoodputPolicy(fast_growth=False)):
             policy._record([job])
             found[app, policy.name] = [c for c in policy._configs(job, cluster_types, counts, per_node) if len(c) > 1]
     # D2 costs BERT 0.99x and ResNets 2.4x (EasyScale's measurements): only BERT may mix (at most 10 %).
-    assert found["bert", "ours"] and not found["cifar10", "ours"]
+    assert found["bert", "elastic-goodput"] and not found["cifar10", "elastic-goodput"]
     # Any two types pair up, the faster for the job first: the A100 with either, and the 2080 Ti (1-GPU BERT
     # throughput 26.9 samples/s) with the T4 (13.0), though neither is the fastest.
-    assert {(a, b) for (a, _), (b, _) in found["bert", "ours"]} == {("a100", "t4"), ("a100", "2080ti"),
+    assert {(a, b) for (a, _), (b, _) in found["bert", "elastic-goodput"]} == {("a100", "t4"), ("a100", "2080ti"),
                                                                      ("2080ti", "t4")}
     # A pair grows as far as one type may: with cheap moves past twice the GPUs measured (8), without them not.
-    assert max(sum(g for _, g in c) for c in found["bert", "ours"]) == 12
-    assert max(sum(g for _, g in c) for c in found["bert", "ours-no-fast-growth"]) == 8
-    assert OursPolicy(mixed=False).name == "ours-no-mixed" and not OursPolicy(mixed=False).mixes_types
+    assert max(sum(g for _, g in c) for c in found["bert", "elastic-goodput"]) == 12
+    assert max(sum(g for _, g in c) for c in found["bert", "elastic-goodput-no-fast-growth"]) == 8
+    assert ElasticGoodputPolicy(mixed=False).name == "elastic-goodput-no-mixed" and not ElasticGoodputPolicy(mixed=False).mixes_types
 
 
 def test_in_place_pause_is_the_measured_one():

@@ -50,7 +50,7 @@ def test_integer_program_matches_brute_force(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_constant_in_every_cost_does_not_loosen_the_program(seed):
-    # Ours' costs hold -1,000 each (every job runs first). HiGHS's 0.01 % gap, taken relative to that, let seeds
+    # Elastic-goodput's costs hold -1,000 each (every job runs first). HiGHS's 0.01 % gap, taken relative to that, let seeds
     # 1 and 3 stop 0.02 and 0.12 short of the best choice until _solve took the constant out.
     from scipy.optimize import LinearConstraint, milp
     from scipy.sparse import csr_array
@@ -72,7 +72,7 @@ def test_a_constant_in_every_cost_does_not_loosen_the_program(seed):
     assert cost_of(chosen, options, costs) == pytest.approx(best.fun - 1e3 * jobs, rel=0, abs=1e-9)
 
 
-@pytest.mark.parametrize("offset", [0.0, -1e3])  # Sia's costs, ours'
+@pytest.mark.parametrize("offset", [0.0, -1e3])  # Sia's costs, elastic-goodput's
 @pytest.mark.parametrize("seed", range(4))
 def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_close(seed, offset, monkeypatch):
     from easyscale_ext.sched.policies import sia

@@ -3,20 +3,21 @@
 Every policy implements base.Policy: each round `optimize(now, jobs, cluster, allocations)` returns the new
 allocations. Policies read the job models (..models) and never the simulator, so a real scheduler can run them.
 
-POLICIES maps a policy's name to a function of the seed (used by the randomised ones) that makes it.
+POLICIES maps the name of each policy a user may pick to a function of the seed (used by the randomised ones) that
+makes it; EXPERIMENTS, the ablations that measure where a policy's gains come from, alike; RUNNABLE, both.
 """
 from .easyscale import EasyScalePolicy
 from .edl import EdlPolicy
 from .fifo import FifoPolicy
 from .icefrog import IceFrogPolicy
 from .optimus import OptimusPolicy
-from .ours import REALLOCATION_S, OursPolicy
+from .elastic_goodput import REALLOCATION_S, ElasticGoodputPolicy
 from .pollux import PolluxPolicy
 from .saxena import SaxenaPolicy
 from .sia import SiaPolicy
 from .tiresias import TiresiasPolicy
 
-POLICIES = {
+POLICIES = {  # what a user picks (`--policy`)
     "fifo": lambda seed: FifoPolicy(),
     "yarn-cs": lambda seed: FifoPolicy(exclusive=True),
     "tiresias": lambda seed: TiresiasPolicy(),
@@ -26,16 +27,19 @@ POLICIES = {
     "easyscale-heter": lambda seed: EasyScalePolicy(heterogeneous=True),
     "easyscale-homo": lambda seed: EasyScalePolicy(heterogeneous=False),
     "saxena": lambda seed: SaxenaPolicy(),
-    "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
     "sia": lambda seed: SiaPolicy(),
-    "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
-    "sia-mixed": lambda seed: OursPolicy(fast_growth=False, utility=False, remaining=False, in_place=False,
-                                          name="sia-mixed"),
-    "ours": lambda seed: OursPolicy(),
-    "ours-no-mixed": lambda seed: OursPolicy(mixed=False),
-    "ours-no-fast-growth": lambda seed: OursPolicy(fast_growth=False),
-    "ours-sia-objective": lambda seed: OursPolicy(utility=False),
-    "ours-no-remaining": lambda seed: OursPolicy(remaining=False),
     "icefrog": lambda seed: IceFrogPolicy(),
+    "elastic-goodput": lambda seed: ElasticGoodputPolicy(),
+}
+EXPERIMENTS = {  # ablations, each a policy above with one idea taken out or added (BENCHMARKS.md's tables)
+    "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
+    "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
+    "sia-mixed": lambda seed: ElasticGoodputPolicy(fast_growth=False, utility=False, remaining=False, in_place=False,
+                                                   name="sia-mixed"),
+    "elastic-goodput-no-mixed": lambda seed: ElasticGoodputPolicy(mixed=False),
+    "elastic-goodput-no-fast-growth": lambda seed: ElasticGoodputPolicy(fast_growth=False),
+    "elastic-goodput-sia-objective": lambda seed: ElasticGoodputPolicy(utility=False),
+    "elastic-goodput-no-remaining": lambda seed: ElasticGoodputPolicy(remaining=False),
     "icefrog-nofreeze": lambda seed: IceFrogPolicy(freeze=False),
 }
+RUNNABLE = {**POLICIES, **EXPERIMENTS}  # every name `easyscale simulate --policy` and the benchmarks accept

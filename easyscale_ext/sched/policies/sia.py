@@ -56,7 +56,7 @@ class SiaPolicy(Policy):
             raise ValueError("Sia's costs value^p need p < 0 (its default is -0.5)")
         self.p, self.lambda_n, self.lambda_a, self.restart_s = p, lambda_n, lambda_a, restart_s
         self.growth = 2  # a job is offered at most this many times the most GPUs it has been measured on
-        self.mixes_types = False  # offers configurations spanning GPU types (ours)
+        self.mixes_types = False  # offers configurations spanning GPU types (elastic-goodput)
         self.offset = 0.0  # a constant in every configuration's cost (_solve takes it out of the objective)
         self.stop_cost = 0.0  # what stopping a running job costs over any configuration of it (Sia's: nothing)
         if in_place is not None:  # its jobs run in place (the ablation "Sia + in place"), discounting by restart_s

@@ -5,7 +5,7 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
-from easyscale_ext.sched.policies.ours import OursPolicy, remaining_work
+from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy, remaining_work
 from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 from test_sia import running
@@ -41,11 +41,11 @@ def test_ours_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
     job.starts = 2
     cluster, current = Cluster.parse("1x4:t4"), {"a": (0, 0)}
     assert len(SiaPolicy().optimize(40, [job], cluster, current)["a"]) == 2
-    ours = OursPolicy()
-    ours._record([job])
-    values = ours._values(job, ["t4"], {"t4": [1, 2, 4]}, {"t4": 4})
+    policy = ElasticGoodputPolicy()
+    policy._record([job])
+    values = policy._values(job, ["t4"], {"t4": [1, 2, 4]}, {"t4": 4})
     assert values["t4", 4] > values["t4", 2]  # 4 GPUs are worth more, undiscounted
-    assert len(ours.optimize(40, [job], cluster, current)["a"]) == 4
+    assert len(policy.optimize(40, [job], cluster, current)["a"]) == 4
 
 
 def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps):
@@ -55,13 +55,13 @@ def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps
         held = running(apps, "a", 1, "t4", app=app)
         new = make_job(JobSpec("b", 0, 1, app, 128), apps, None)
         for jobs in ([held, new], [new, held]):
-            assert OursPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}
+            assert ElasticGoodputPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}
 
 
 def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
     """Two jobs alike but for their share done, 6 GPUs: one gets 4, the other 2. With the remaining-work weight
     the one with less work left gets 4, whichever it is and in whichever order the jobs are listed (without it,
-    ours-no-remaining gives the 4 to the same job whichever is nearer)."""
+    elastic-goodput-no-remaining gives the 4 to the same job whichever is nearer)."""
     cluster = Cluster.parse("1x4:t4,1x2:t4")
     unweighted = []
     for near in ("a", "b"):
@@ -72,9 +72,9 @@ def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
         left = {job.name: remaining_work(job) for job in jobs}  # GPU-seconds held x (1 - f) / f
         assert left[near] == pytest.approx(1200 / 9) and left[far] == pytest.approx(1200 * 9)
         for order in (jobs, jobs[::-1]):
-            alloc = OursPolicy().optimize(600, order, cluster, {"a": (0, 0), "b": (1, 1)})
+            alloc = ElasticGoodputPolicy().optimize(600, order, cluster, {"a": (0, 0), "b": (1, 1)})
             assert {name: len(a) for name, a in alloc.items()} == {n: 4 if n == near else 2 for n in "ab"}
-        ablation = OursPolicy(remaining=False)
+        ablation = ElasticGoodputPolicy(remaining=False)
         alloc = ablation.optimize(600, jobs, cluster, {"a": (0, 0), "b": (1, 1)})
         unweighted.append({name: len(a) for name, a in alloc.items()})
-    assert ablation.name == "ours-no-remaining" and unweighted[0] == unweighted[1]
+    assert ablation.name == "elastic-goodput-no-remaining" and unweighted[0] == unweighted[1]

@@ -1,4 +1,4 @@
-"""Ours: Sia's goodput-optimising integer program (policies/sia.py) with three allocation ideas that the EasyScale
+"""Elastic goodput, this project's policy: Sia's goodput-optimising integer program (policies/sia.py) with three allocation ideas that the EasyScale
 runtime makes possible and a weight for the average JCT, under the one job model every policy shares
 (models/reallocation.py: restarts or in-place moves by how the job runs; models/freezing.py: freezing off unless a
 job opts in).
@@ -18,7 +18,7 @@ job opts in).
   R = 1 s, not 30 s), and a job may be offered up to the whole cluster on one type or a pair (Sia: twice the most
   GPUs it has been measured on, because a wrong guess costs it a restart; here a wrong guess is undone next round).
 - Throughput-oriented objective (`utility`): Sia's cost value^-0.5 strongly favours equalising jobs' speedups.
-  Ours maximises the sum of the square roots of the normalised goodputs (concave: still diminishing returns per
+  It maximises the sum of the square roots of the normalised goodputs (concave: still diminishing returns per
   job, so no job is starved of a second GPU by a well-scaling one), every job first getting a GPU while GPUs last
   (a constant far above any value, Sia's lambda_n in spirit). Reallocating towards throughput each round is what
   cheap moves allow. A preemption, though, is no cheap move (a suspension to a checkpoint, then a resume): it
@@ -30,11 +30,11 @@ job opts in).
   a real job reports its steps done of its total, and its GPU-seconds held are the scheduler's. A job that has done
   nothing yet is valued as the median.
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
-makes them restart-based (the ablation's "ours, restart-based").
+makes them restart-based (the ablation's "elastic-goodput, restart-based").
 
-Ablations (registry): ours-no-mixed, ours-no-fast-growth, ours-sia-objective, ours-no-remaining; sia-mixed is Sia's
-program with the pairs only, restart-based. Like every policy it reads job models only, so a real scheduler can run
-it.
+Ablations (policies.EXPERIMENTS): elastic-goodput-no-mixed, -no-fast-growth, -sia-objective and -no-remaining;
+sia-mixed is Sia's program with the pairs only, restart-based. Like every policy it reads job models only, so a
+real scheduler can run it.
 """
 import itertools
 import statistics
@@ -51,14 +51,15 @@ EVERY_JOB = 1e3  # what running at all is worth over any value: every job gets a
 UTILITY = 0.5  # the exponent of the utility summed over jobs
 
 
-class OursPolicy(SiaPolicy):
+class ElasticGoodputPolicy(SiaPolicy):
     in_place = True
 
     def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = True,
                  reallocation_s: float = REALLOCATION_S, name=None, **sia):
         restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
-        name = name or "ours" + ("" if mixed else "-no-mixed") + ("" if fast_growth else "-no-fast-growth") + (
-            "" if utility else "-sia-objective") + ("" if remaining else "-no-remaining")
+        name = name or "elastic-goodput" + ("" if mixed else "-no-mixed") + (
+            "" if fast_growth else "-no-fast-growth") + ("" if utility else "-sia-objective") + (
+            "" if remaining else "-no-remaining")
         super().__init__(restart_s=restart_s, name=name, **sia)
         self.mixed, self.fast_growth, self.utility, self.remaining = mixed, fast_growth, utility, remaining
         self._weights = {}  # job -> the median job's remaining work over its own (`remaining`), this round
