@@ -107,7 +107,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
         self._accumulating = set()
         self._in_step = False
         self._implicit = False  # a plain DDP loop's step, finished by the autograd callback
-        self._sync = True
+        self.require_backward_grad_sync = True  # DDP's: False under no_sync(), whose steps accumulate
         self._current: Optional[int] = None
         self._callback_queued = False
         self._worker_seconds = collections.deque(maxlen=16)  # forward + backward per worker, recent steps
@@ -116,7 +116,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
         # exchange can complete anywhere (ElasticMember replicates them there to survive a dead process).
         self.on_step_contexts: Optional[Callable[[Dict[int, bytes]], None]] = None
         self.synced_steps = 0  # steps whose reduced gradients this process has handed to the caller
-        self._log = DDPLogging(self)
+        self._log = DDPLogging(self, self._trainable, self._backend_info)
         for p in self._trainable:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
 
@@ -309,7 +309,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
             if v in self._accumulating:  # its gradients from steps run under no_sync()
                 self._take_kept_grads(v)
                 self._accumulating.discard(v)
-        if self._sync and v == self.local_ranks[-1]:  # exchange buckets during its backward
+        if self.require_backward_grad_sync and v == self.local_ranks[-1]:  # exchange buckets during its backward
             self.reducer.overlap_next_backward(self._folded, self._param_names, self.process_group)
         self._current = v
         self._log.worker_begins()
@@ -322,7 +322,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
             buffers = self._module_buffers()
             if buffers and (not self.broadcast_buffers or v == 0):
                 self._save(v, "buffers", buffers)
-        if self._sync:
+        if self.require_backward_grad_sync:
             self.reducer.fold_worker(self._folded, self._param_names)
             self._accumulating.discard(v)
         else:  # under no_sync(): keep this worker's gradients until a synced step
@@ -333,7 +333,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
         self._current = None
 
     def _finish_step(self) -> None:
-        if self._sync:
+        if self.require_backward_grad_sync:
             if self.on_step_contexts is not None:
                 self.on_step_contexts(self._contexts())
             self._log.exchange_begins()
@@ -349,7 +349,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
             self._become(first)
         self.broadcast_buffers_from_rank0()  # every process continues from virtual rank 0's buffers
         self._in_step = False
-        if self._sync:
+        if self.require_backward_grad_sync:
             self.synced_steps += 1
 
     def abandon_step(self) -> None:
@@ -492,7 +492,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
     def _on_grad_ready(self, param) -> None:
         self.reducer.grad_ready(param)
         if self._log.sampled:
-            self._log.grad_ready(param, bool(self.reducer._exchanges))
+            self._log.grad_ready(param, self.reducer.exchanging)
         if self._implicit and not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_implicit)
@@ -507,11 +507,11 @@ class EasyScaleDDP(DDPParity, nn.Module):
     def no_sync(self):
         """Skip the gradient reduction, as DDP's: each virtual worker's gradients accumulate (kept in its
         context while other workers run) until the next step outside no_sync() reduces them."""
-        old, self._sync = self._sync, False
+        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
-            self._sync = old
+            self.require_backward_grad_sync = old
 
     def data_loader(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                     **kwargs) -> VirtualDataLoader:

@@ -100,7 +100,8 @@ class DDPLogging:
     the backward).
     """
 
-    def __init__(self, ddp):
+    def __init__(self, ddp, parameters: List[nn.Parameter], backend_info: Dict[str, object]):
+        """`parameters`: DDP's, in its index order (the trainable ones); `backend_info`: the process group's."""
         self.sample_rate = DEFAULT_SAMPLE_RATE
         self.iterations = 0  # synced steps begun (c10d's num_iterations_)
         self.sampled = False  # whether the current step is timed
@@ -111,16 +112,17 @@ class DDPLogging:
         self.grad_order: List[int] = []
         self._forward_start: Optional[int] = None
         self._epoch = time.time_ns() - time.perf_counter_ns()  # perf_counter_ns() + _epoch: since the epoch
-        self._index = {id(p): i for i, p in enumerate(ddp._trainable)}  # DDP's parameter indices
+        self._index = {id(p): i for i, p in enumerate(parameters)}  # DDP's parameter indices
         self._bucket_sizes = ", ".join(str(b) for b in _bucket_bytes(ddp))
-        self._environment = _environment(ddp._backend_info["backend_name"])
+        self._backend_info = backend_info
+        self._environment = _environment(backend_info["backend_name"])
 
     def _collects(self, step: int) -> bool:
         return step > 0 and (step <= _ALWAYS_SAMPLED or step % self.sample_rate == 0)
 
     # -- called by the step (cheap unless the step is sampled) --------------------------
     def step_begins(self, ddp) -> None:
-        if not ddp._sync:  # as DDP's forward under no_sync(): not an iteration
+        if not ddp.require_backward_grad_sync:  # as DDP's forward under no_sync(): not an iteration
             self.sampled = False
             return
         if self._collects(self.iterations):
@@ -201,8 +203,8 @@ class DDPLogging:
         dtypes = sorted({_DTYPE_NAMES.get(p.dtype, str(p.dtype).replace("torch.", "")) for p in params})
         out: Dict[str, object] = {
             "module_name": type(ddp.module).__name__,
-            "device_ids": str(ddp.device.index) if ddp._cuda else "",
-            "output_device": ddp.device.index if ddp._cuda else -1,
+            "device_ids": str(ddp.device.index) if ddp.device.type == "cuda" else "",
+            "output_device": ddp.device.index if ddp.device.type == "cuda" else -1,
             "broadcast_buffers": int(ddp.broadcast_buffers),
             "has_sync_bn": int(any(isinstance(m, nn.SyncBatchNorm) for m in ddp.module.modules())),
             "bucket_cap_bytes": int(ddp.bucket_cap_mb * 1024 * 1024),
@@ -222,7 +224,7 @@ class DDPLogging:
             "virtual_ranks": f"{ddp.local_ranks[0]}, {ddp.local_ranks[-1] + 1}",
             "determinism_level": ddp.determinism_level,
         }
-        out.update(ddp._backend_info)
+        out.update(self._backend_info)
         out.update(self._environment)
         out.update(self.runtime)
         if self.error is not None:
@@ -312,7 +314,7 @@ class DDPParity:
                 self.store.erase(v, "grads")
         self._accumulating = set()
         self.on_step_contexts = None
-        self._log = DDPLogging(self)
+        self._log = DDPLogging(self, self._trainable, self._backend_info)
         for p in self._trainable:
             if p.requires_grad:  # a frozen one gets no gradient (and can take no hook)
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)

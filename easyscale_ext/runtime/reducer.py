@@ -112,6 +112,11 @@ class CanonicalReducer:
         self._recv: Dict[int, torch.Tensor] = {}
         self._gather: Dict[int, torch.Tensor] = {}  # this process's finished chunk, repeated for every process
 
+    @property
+    def exchanging(self) -> bool:
+        """Whether this step's exchange has begun (a bucket's all_to_all started)."""
+        return bool(self._exchanges)
+
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
         out = []
         for k, p in enumerate(self.buckets[i].params):
