@@ -3,7 +3,8 @@ the simulator's policy objects on live measurements.
 
 Owns the Ray side: a slot's actor that runs one process of a job (worker), a job's supervisor actor that
 hosts its store and starts and releases its processes (supervisor), the job table in SQLite (jobtable),
-the scheduler actor and its verbs (scheduler), slots taken back for serving (reserve), a run's results as
+the scheduler actor and its verbs (scheduler), the scheduling loop's backend that carries decisions out on Ray
+(backend), slots taken back for serving (reserve), a run's results as
 the simulator reports them (report), and Ray on loopback for one machine and the tests (local). Imports ray,
 `easyscale_ext.sched` (policies and models), the elastic layer's store requests and `easyscale_ext.placement`;
 the training runtime only inside a job's processes.

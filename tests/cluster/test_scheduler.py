@@ -10,7 +10,8 @@ import time
 import pytest
 import ray
 
-from easyscale_ext.cluster.scheduler import launch, policy_view
+from easyscale_ext.cluster.backend import policy_view
+from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.lifecycle import LIVE
 from support.jobs import JOB, run_job
