@@ -8,7 +8,8 @@ and a move does both, the joiners first (as many as the job's virtual workers al
 size meanwhile only where it must. `split` asks for another division of the virtual workers. The supervisor
 marks a process that exited with an error lost at once, as `easyscale run`'s launcher does, so the others
 recover in place. A process that has exited, for any reason (released, moved, failed, cancelled), gives its
-slot back at once: its actor is ended, its output kept in the log folder on the head.
+slot back at once: its actor is ended, its output kept in the log folder on the head. Each process is in one
+state (ProcessState: starting, joining, training, leaving, gone); what the supervisor says of the job is a Report.
 """
 import logging
 import os
@@ -17,6 +18,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Dict, List, Optional
 
 import ray
@@ -28,6 +31,56 @@ from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
 from .worker import SlotWorker
 
 log = logging.getLogger(__name__)
+
+
+class ProcessState(StrEnum):
+    STARTING = "starting"  # one of the job's first processes: a member once the first group forms
+    JOINING = "joining"  # started to join the running job: prepares, then waits to be admitted
+    TRAINING = "training"  # a member of the job's current group
+    LEAVING = "leaving"  # released (it leaves at its next step boundary), or withdrawn before it was admitted
+    GONE = "gone"  # exited: `exit_code` says how
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a supervisor says of its job (`status`): the scheduler acts on it, `easyscale status` shows it."""
+    address: str  # the job's store
+    members: List[str]  # the processes of its current group, by rank
+    nodes: List[str]  # each member's node
+    holding: List[str]  # the nodes of its processes that have not exited (members, joiners, leavers)
+    progress: Optional[dict]  # rank 0's last report: step, total, time
+    exited: Dict[str, int]  # the exit code of each process that has exited
+    done: Optional[int] = None  # the job's exit code once every process has exited
+    done_at: Optional[float] = None  # when
+    orphaned: Optional[str] = None  # why it ended unfinished with no process to go on (it resumes from a checkpoint)
+    suspended: Optional[int] = None  # the step it ended at, suspended before its last one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Process:
+    """One process of the job, on one slot of `node`, run by its slot's actor."""
+    node: str
+    actor: ray.actor.ActorHandle
+    state: ProcessState
+    joiner: bool  # started to join, not with the job
+    exit_code: Optional[int] = None
+    withdrawn: bool = False  # told to leave before it was admitted, or lost so: its end is no failure of the script
+    with_node: bool = False  # it went with its node
+    retired: bool = False  # its slot's actor is ended (its slot free, its output kept on the head)
+
+
+def wait_until_gone(name: str) -> None:
+    """Until a killed actor's name is free (for a job's next supervisor, or its slots' next actors)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.05)
 
 
 @ray.remote(num_cpus=0)
@@ -46,17 +99,10 @@ class JobSupervisor:
         self.address = f"{host}:{self.server.port}"
         self.secret = client.new_secret()  # only the job's processes, given it, reach the job's keys
         self.store = hosted(self.server, self.secret)
-        self.workers: Dict[str, ray.actor.ActorHandle] = {}  # process name -> its slot's actor
-        self.node_of: Dict[str, str] = {}
-        self.exit_codes: Dict[str, int] = {}
-        self.released: set = set()  # members asked to leave
-        self.joiners: set = set()  # processes started to join
-        self.withdrawn: set = set()  # joiners told to leave before they were admitted
+        self.processes: Dict[str, Process] = {}  # by name, in start order
         self.desired: List[str] = []  # node ids, one per process
         self.type_of: Dict[str, str] = {}  # node id -> its slots' type, as the scheduler says
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
-        self.gone_with_node: set = set()  # processes lost with their node
-        self.retired: set = set()  # processes whose slot's actor has been ended
         self.orphaned: Optional[str] = None  # why the job ended unfinished with no process to go on: every one went
         # with its node or was killed (SIGKILL, or SIGTERM before its handler); it resumes from its newest checkpoint
         self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
@@ -96,6 +142,9 @@ class JobSupervisor:
         with self.lock:
             self.suspending = True
             self.desired = []  # the next tick withdraws the joiners and releases every member
+            if not self.started:  # no process to leave (the job's place() may have died with a scheduler): done
+                self.orphaned = "suspended before its processes started"
+                self.done, self.done_at = 0, time.time()
 
     def split(self, sizes: List[int]) -> None:
         members = self.client.current_members(self.store)
@@ -107,38 +156,38 @@ class JobSupervisor:
     def cancel(self) -> None:
         """End every process of the job and give their slots back."""
         with self.lock:
-            kills = {w.kill.remote(): name for name, w in self.workers.items() if name not in self.retired}
+            kills = {p.actor.kill.remote(): name for name, p in self.processes.items() if not p.retired}
             answered, _ = ray.wait(list(kills), num_returns=len(kills), timeout=10)  # one never placed: no answer
             for ref, name in kills.items():
                 try:
                     code, started = (ray.get(ref), True) if ref in answered else (-9, False)
                 except ray.exceptions.RayError:  # gone with its node
                     code, started = -9, False
-                self.exit_codes.setdefault(name, code)
+                self._exited(name, code)
                 self._retire(name, keep_log=started)
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> Report:
         members = self.client.current_members(self.store) if self.started else []
-        progress = self.store.progress()
-        return {"address": self.address, "members": members,
-                "nodes": [self.node_of[m] for m in members],
-                "holding": sorted(n for w, n in self.node_of.items() if w not in self.exit_codes),
-                "progress": progress, "exited": dict(self.exit_codes), "done": self.done, "done_at": self.done_at,
-                "orphaned": self.orphaned, "suspended": self.suspended}
+        return Report(self.address, members, [self.processes[m].node for m in members],
+                      sorted(p.node for p in self.processes.values() if p.state != ProcessState.GONE),
+                      self.store.progress(),
+                      {n: p.exit_code for n, p in self.processes.items() if p.state == ProcessState.GONE},
+                      self.done, self.done_at, self.orphaned, self.suspended)
 
     def log(self, worker: str, offset: int = 0) -> bytes:
-        if worker in self.retired:  # its actor is gone: the copy on the head
+        if self.processes[worker].retired:  # its actor is gone: the copy on the head
             try:
                 with open(self._log_path(worker), "rb") as f:
                     f.seek(offset)
                     return f.read()
             except FileNotFoundError:  # it never started, or went with its node before a copy
                 return b""
-        return ray.get(self.workers[worker].log.remote(offset))
+        return ray.get(self.processes[worker].actor.log.remote(offset))
 
-    def processes(self) -> List[str]:
-        return list(self.workers)
+    def names(self) -> List[str]:
+        """The job's processes, in start order."""
+        return list(self.processes)
 
     # -- inside -----------------------------------------------------------------------------------
     def _spawn(self, node: str, joining: bool, name_only: bool = False) -> str:
@@ -154,10 +203,11 @@ class JobSupervisor:
     def _retire(self, name: str, keep_log: bool = True) -> None:
         """End the actor of a process that has exited, so its slot is free for the next one; with `keep_log`
         (its actor answers), keep its output on the head first (its node may be another machine)."""
-        if name in self.retired:
+        process, output = self.processes[name], None
+        if process.retired:
             return
-        self.retired.add(name)
-        worker, output = self.workers[name], None
+        process.retired = True
+        worker = process.actor
         if keep_log:
             try:
                 output = ray.get(worker.log.remote(0, 1 << 62), timeout=10)
@@ -179,15 +229,14 @@ class JobSupervisor:
             env.setdefault(self.client.BALANCE_ENV, "1")
         if node in self.type_of:
             env[TYPE_ENV] = self.type_of[node]
-        self.node_of[name] = node
-        if joining:
-            self.joiners.add(name)
         gpu_node = any(n["NodeID"] == node and n["Resources"].get("GPU") for n in ray.nodes())
-        self.workers[name] = SlotWorker.options(  # on a GPU node a slot is a GPU: Ray sets CUDA_VISIBLE_DEVICES
+        actor = SlotWorker.options(  # on a GPU node a slot is a GPU: Ray sets CUDA_VISIBLE_DEVICES
             resources={SLOT: 1}, num_gpus=1 if gpu_node else 0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
             [sys.executable] + self.argv, env, self._log_path(name))
+        self.processes[name] = Process(node, actor, ProcessState.JOINING if joining else ProcessState.STARTING,
+                                       joiner=joining)
 
     def _supervise(self) -> None:
         while self.done is None:
@@ -199,73 +248,61 @@ class JobSupervisor:
                 except Exception:  # logged; the next tick looks again (a dead monitor would hang the job)
                     log.exception("%s: supervising failed", self.job_id)
 
+    def _exited(self, name: str, code: int) -> None:
+        process = self.processes[name]
+        if process.exit_code is None:
+            process.state, process.exit_code = ProcessState.GONE, code
+
     def _tick(self) -> None:
-        store = self.store
-        polls = {w.poll.remote(): name for name, w in self.workers.items() if name not in self.exit_codes}
+        store, processes = self.store, self.processes
+        polls = {p.actor.poll.remote(): name for name, p in processes.items() if p.state != ProcessState.GONE}
         answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=1.0)  # one not placed yet waits
         for ref in answered:
             name = polls[ref]
+            process = processes[name]
             try:
                 code = ray.get(ref)
             except ray.exceptions.ActorUnschedulableError:  # placed on a node as it went
-                code = -9
-                self.withdrawn.add(name)
-                self.unreachable.add(self.node_of[name])
+                code, process.withdrawn = -9, True
+                self.unreachable.add(process.node)
                 self.joiner_lost = True
             except ray.exceptions.RayActorError:  # its node is gone, and the process with it
-                code = -9
-                self.withdrawn.add(name)  # a joiner lost so is no failure of the script
-                self.gone_with_node.add(name)
-                self.joiner_lost |= name in self.joiners and name not in self.client.current_members(store)
+                code, process.withdrawn, process.with_node = -9, True, True  # a joiner lost so is no failure
+                self.joiner_lost |= process.joiner and name not in self.client.current_members(store)
             if code is None:
                 continue
-            self.exit_codes[name] = code
+            self._exited(name, code)
             if code != 0 and not store.is_lost(name):
                 store.mark_lost(name, "exited")  # the others recover at once, in place
             self._retire(name)
         members = self.client.current_members(store)
-        alive = [w for w in self.workers if w not in self.exit_codes]
-        if all(m in self.exit_codes for m in members):
-            codes = [self.exit_codes[m] for m in members] or [0]
-            for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
-                self.exit_codes[w] = -9
-            stopped = store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
-            finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
-            killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script
-            # set its handler; a script's own error exits otherwise
-            if not finished and members and all(m in self.gone_with_node for m in members):
-                self.orphaned = "its processes went with their nodes"
-            elif not finished and members and all(m in self.gone_with_node or self.exit_codes[m] in killed
-                                                  for m in members):
-                self.orphaned = "its processes were killed"
-            if stopped is not None and all(c == 0 for c in codes):
-                self.suspended = stopped  # not finished: it resumes from there
-            self.done_at = time.time()
-            self.done = 0 if finished else next((c for c in codes if c != 0), 0)
-            for w in alive:  # detached: they go with the job, and their processes with them
-                self._retire(w, keep_log=False)
+        for m in members:
+            if processes[m].state in (ProcessState.STARTING, ProcessState.JOINING):
+                processes[m].state = ProcessState.TRAINING
+        alive = [w for w, p in processes.items() if p.state != ProcessState.GONE]
+        if all(processes[m].state == ProcessState.GONE for m in members):
+            self._end(members, alive)
             return
-        if any(m in self.exit_codes for m in members):
+        if any(processes[m].state == ProcessState.GONE for m in members):
             return  # ending, or recovering from a lost process: act on the generation that follows
-        if any(w in self.joiners and w not in members and w not in self.withdrawn and code > 0
-               for w, code in self.exit_codes.items()):  # a joiner failed (killed ones, by a signal, are replaced):
-            if store.target() != len(members):  # another started the same way would too (its log says why); rank
-                store.set_target(len(members))  # 0 must not wait for it
+        if any(p.joiner and w not in members and not p.withdrawn and p.exit_code is not None and p.exit_code > 0
+               for w, p in processes.items()):  # a joiner failed (killed ones, by a signal, are replaced): another
+            if store.target() != len(members):  # started the same way would too (its log says why); rank 0 must
+                store.set_target(len(members))  # not wait for it
             return
-        pending = [w for w in alive if w in self.joiners and w not in members and w not in self.withdrawn
-                   and not store.admitted(w)]
-        holding = Counter(self.node_of[m] for m in members if m in alive and m not in self.released)
+        pending = [w for w in alive if processes[w].state == ProcessState.JOINING and not store.admitted(w)]
+        holding = Counter(processes[m].node for m in members if processes[m].state == ProcessState.TRAINING)
         wanted = Counter(n for n in self.desired if n not in self.unreachable)  # the scheduler drops it next round
         withdrawn = False
-        for node in {self.node_of[w] for w in pending}:  # joiners for slots the job no longer gets withdraw
-            mine = [w for w in pending if self.node_of[w] == node]
+        for node in {processes[w].node for w in pending}:  # joiners for slots the job no longer gets withdraw
+            mine = [w for w in pending if processes[w].node == node]
             for w in mine[max(wanted[node] - holding[node], 0):]:
                 store.mark_lost(w, "withdrawn")  # never admitted, even if it said it is ready
-                self.workers[w].terminate.remote()
-                self.withdrawn.add(w)
+                processes[w].actor.terminate.remote()
+                processes[w].state, processes[w].withdrawn = ProcessState.LEAVING, True
                 pending.remove(w)
                 withdrawn = True
-        holding.update(self.node_of[w] for w in pending)
+        holding.update(processes[w].node for w in pending)
         # Grow first: a move never drops below the job's size. But a job has at most a process per virtual worker:
         # a move that would pass that grows to it, sheds the processes to leave, then grows the rest.
         growth = [node for node, count in (wanted - holding).items() for _ in range(count)]
@@ -277,7 +314,30 @@ class JobSupervisor:
         if pending:
             return
         for node, count in (holding - wanted).items():  # then shrink: release the processes on slots to leave
-            leaving = [m for m in reversed(members) if self.node_of[m] == node and m not in self.released]
+            leaving = [m for m in reversed(members) if processes[m].node == node
+                       and processes[m].state == ProcessState.TRAINING]
             for m in leaving[:count]:
-                self.released.add(m)
+                processes[m].state = ProcessState.LEAVING
                 store.release(m)
+
+    def _end(self, members: List[str], alive: List[str]) -> None:
+        """Every member has exited: the job is done, finished or not (suspended, orphaned, failed)."""
+        processes = self.processes
+        codes = [processes[m].exit_code for m in members] or [0]
+        for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
+            self._exited(w, -9)
+        stopped = self.store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
+        finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
+        killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script set its
+        # handler; a script's own error exits otherwise
+        if not finished and members and all(processes[m].with_node for m in members):
+            self.orphaned = "its processes went with their nodes"
+        elif not finished and members and all(processes[m].with_node or processes[m].exit_code in killed
+                                              for m in members):
+            self.orphaned = "its processes were killed"
+        if stopped is not None and all(c == 0 for c in codes):
+            self.suspended = stopped  # not finished: it resumes from there
+        self.done_at = time.time()
+        self.done = 0 if finished else next((c for c in codes if c != 0), 0)
+        for w in alive:  # detached: they go with the job, and their processes with them
+            self._retire(w, keep_log=False)

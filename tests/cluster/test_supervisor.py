@@ -36,7 +36,7 @@ def started_job(tmp_path, job_id, nodes, step_sleep, *extra, virtual_workers=4):
         virtual_workers)
     status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
     ray.get(supervisor.place.remote(nodes))
-    wait(lambda: (status()["progress"] or {}).get("step", 0) >= 1, "first step")
+    wait(lambda: (status().progress or {}).get("step", 0) >= 1, "first step")
     return supervisor, status
 
 
@@ -44,13 +44,13 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     a, b = cluster.node_ids()
     out, events = tmp_path / "hash", tmp_path / "events"
     supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events))
-    host, _, port = status()["address"].rpartition(":")
+    host, _, port = status().address.rpartition(":")
     assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
-    wait(lambda: sorted(status()["nodes"]) == sorted([a, b]) or status()["done"] is not None, "growth")
+    wait(lambda: sorted(status().nodes) == sorted([a, b]) or status().done is not None, "growth")
     ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
-    wait(lambda: status()["done"] is not None, "the end")
-    assert status()["done"] == 0
+    wait(lambda: status().done is not None, "the end")
+    assert status().done == 0
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
     assert out.read_text() == run_job("reference", **JOB_ARGS)
@@ -64,10 +64,10 @@ def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing
     supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", virtual_workers=2)
     try:
         ray.get(supervisor.place.remote([b, b]))
-        wait(lambda: status()["nodes"] == [b, b] or status()["done"] is not None, "the move", timeout=90)
-        assert status()["nodes"] == [b, b], status()
-        wait(lambda: status()["done"] is not None, "the end")
-        assert status()["done"] == 0
+        wait(lambda: status().nodes == [b, b] or status().done is not None, "the move", timeout=90)
+        assert status().nodes == [b, b], status()
+        wait(lambda: status().done is not None, "the end")
+        assert status().done == 0
     finally:  # its processes are detached actors: a failure must not leave them holding the slots
         ray.get(supervisor.cancel.remote())
         ray.kill(supervisor)
@@ -82,9 +82,9 @@ def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(clus
     out = tmp_path / "hash"
     supervisor, status = started_job(tmp_path, "job-gone", [a], 0.2)
     ray.get(supervisor.place.remote([a, gone]))
-    wait(lambda: status()["done"] is not None, "the end")
-    assert status()["done"] == 0
-    assert ray.get(supervisor.processes.remote()) == ["w0", "w1"]  # one try on the node that is gone
+    wait(lambda: status().done is not None, "the end")
+    assert status().done == 0
+    assert ray.get(supervisor.names.remote()) == ["w0", "w1"]  # one try on the node that is gone
     assert out.read_text() == run_job("reference", **JOB_ARGS)
 
 
@@ -103,7 +103,7 @@ def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path,
     try:
         if how == "failure":  # kill -9 of a process: its replacement must find the slot free
             ray.get(ray.get_actor(f"job-{how}/w1", namespace=NAMESPACE).kill.remote())
-            wait(lambda: status()["members"] == ["w0", "w2"], "replacement admitted", timeout=90)
+            wait(lambda: status().members == ["w0", "w2"], "replacement admitted", timeout=90)
             return
         other = slot_on(a)  # node a is full: this waits for a slot the job leaves
         assert not ray.wait([other.node.remote()], timeout=1.0)[0]
@@ -111,7 +111,7 @@ def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path,
             ray.get(supervisor.cancel.remote())
         else:
             ray.get(supervisor.place.remote([a] if how == "shrink" else [b, b]))
-            wait(lambda: status()["exited"], "a process leaving", timeout=90)
+            wait(lambda: status().exited, "a process leaving", timeout=90)
         left = time.monotonic()
         assert ray.get(other.node.remote(), timeout=10) == a
         print(f"{how}: slot free {time.monotonic() - left:.2f} s after the process left")
@@ -119,3 +119,18 @@ def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path,
     finally:
         ray.get(supervisor.cancel.remote())
         ray.kill(supervisor)
+
+
+def test_a_job_suspended_before_its_processes_started_ends_suspended_and_never_starts(cluster, tmp_path):
+    """A scheduler that dies takes the calls it had queued for a supervisor still starting: the next one asks a
+    job it was suspending to suspend again, without placing it. With no process to leave, the job is done (and
+    resumes from its newest checkpoint when it gets slots again) rather than suspending forever."""
+    supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)).remote(
+        "job-unstarted", [JOB], {"PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path), 2)
+    ray.get(supervisor.suspend.remote())
+    ray.get(supervisor.place.remote([cluster.node_ids()[0]]))  # too late: it is done
+    report = ray.get(supervisor.status.remote())
+    assert report.done == 0 and report.orphaned == "suspended before its processes started"
+    assert report.holding == [] and ray.get(supervisor.names.remote()) == []
+    ray.kill(supervisor)
