@@ -8,28 +8,20 @@ reach the scheduler through Ray (`status` reads the scheduler's job table instea
 fresh); the cluster's address and state folder are kept in $EASYSCALE_HOME (default ~/.easyscale).
 """
 import argparse
-import json
 import os
-import secrets
-import signal
 import socket
 import sqlite3
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
 from ..sched.lifecycle import HOLDING, LIVE
+from . import ray_session as session
 from .errors import UsageError
 
 
 SHOWN_ENDED = 10  # jobs that ended shown by `status` without --all
 FRESH_S = 3.0  # `status` reads the job table if the scheduler described the cluster there within this many seconds
-
-
-def home() -> str:
-    return os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
 
 
 def add_parsers(sub) -> None:
@@ -95,112 +87,6 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=cancel)
 
 
-def _saved() -> dict:
-    path = os.path.join(home(), "cluster.json")
-    if not os.path.exists(path):
-        raise UsageError("no cluster is running: start one with `easyscale cluster start`")
-    with open(path) as f:
-        return json.load(f)
-
-
-def _ray_env(saved: dict) -> dict:
-    """What a process that starts or joins the cluster's Ray needs in its environment (before ray loads): a
-    cluster started here stays on loopback and requires its token."""
-    if not saved["local"]:
-        return {}
-    from ..cluster.local import loopback_env
-    return dict(loopback_env(), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=saved["token"]) if "token" in saved \
-        else loopback_env()  # started by a version without it
-
-
-def _connect(saved: dict):
-    """This process joined to the cluster's Ray, and the scheduler's handle."""
-    os.environ.update(_ray_env(saved))
-    import ray
-
-    address = saved["address"]
-    if _ended(saved):
-        raise UsageError(f"the cluster at {address} is not running (its Ray processes are gone): start it again "
-                         "with `easyscale cluster start`")
-    _init_ray(address, "is its Ray running? Start it with `easyscale cluster start`")
-    try:
-        return ray, ray.get_actor("scheduler")
-    except ValueError:
-        again = "easyscale cluster start" + ("" if saved["local"] else f" --address {address}")
-        raise UsageError(f"Ray runs at {address} but the cluster's scheduler does not: start it again with "
-                         f"`{again}` (the jobs it had are kept in its job table)")
-
-
-def _init_ray(address: str, advice: str, timeout_s: float = 20.0) -> None:
-    """Join this process to the Ray at `address`, or a UsageError with `advice` within `timeout_s` (ray.init
-    retries a GCS that does not serve, e.g. one being stopped, without end)."""
-    import ray
-
-    from ..cluster import NAMESPACE
-
-    failure, joined = [], threading.Event()
-
-    def join():
-        try:
-            # ray.init retries a token the cluster refuses until our timeout; one call to its GCS says at once
-            ray._raylet.GcsClient(address=address)
-            ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
-        except Exception as e:  # noqa: BLE001 (raised in the caller's thread)
-            failure.append(e)
-        joined.set()
-
-    threading.Thread(target=join, daemon=True).start()
-    if not joined.wait(timeout_s):
-        raise UsageError(f"the cluster at {address} does not answer within {timeout_s:g} s: {advice}")
-    if failure and isinstance(failure[0], ray.exceptions.AuthenticationError):
-        token = os.environ.get("RAY_AUTH_TOKEN_PATH", "Ray's token")
-        raise UsageError(f"the cluster at {address} refuses this process's token ({token}): only who holds the "
-                         "token of the `easyscale cluster start` that started it may command it")
-    if failure and isinstance(failure[0], ConnectionError):
-        raise UsageError(f"the cluster at {address} does not answer ({str(failure[0]).splitlines()[0]}): {advice}")
-    if failure:
-        raise failure[0]
-
-
-def _ended(saved: dict) -> bool:
-    """Whether the Ray that `cluster start` started here has ended (every process of its sessions is gone)."""
-    return saved["local"] and "ray_sessions" in saved and not _ray_pids(saved)
-
-
-def _ray_pids(saved: dict) -> list:
-    """The processes of the Ray that `cluster start` started here: every one in the sessions it recorded (Ray's
-    own processes and its workers stay in the session of the `ray start` that made them)."""
-    sessions = set(saved.get("ray_sessions", ()))
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, _, _, session = f.read().rsplit(")", 1)[1].split()[:4]
-            if int(session) in sessions and state != "Z":  # a zombie has ended: only its parent's wait is left
-                pids.append(int(entry))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
-            pass
-    return pids
-
-
-def _stop_ray(saved: dict) -> int:
-    """End the Ray processes `cluster start` started (SIGTERM, then SIGKILL after 3 s: gcs_server and the raylet
-    take longer to heed SIGTERM); how many there were."""
-    pids = _ray_pids(saved)
-    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        for pid in _ray_pids(saved):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while _ray_pids(saved) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _ray_pids(saved):
-            break
-    return len(pids)
-
-
 def _call(ray, ref):
     """A scheduler call's result; its ValueError (bad input) as one line."""
     try:
@@ -218,11 +104,11 @@ def start(args) -> int:
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
     slots = _slots(args.slots, args.slot_type)
-    state = home()
+    state = session.home()
     os.makedirs(state, exist_ok=True)
-    saved = _running()
+    saved = session.running()
     if saved is None:
-        saved = _start_ray(args.address, slots, state)
+        saved = session.start_ray(args.address, slots, state)
     elif args.address not in (None, saved["address"]) or args.slots is not None and saved["local"]:
         raise UsageError(f"a cluster is running at {saved['address']}: stop it first with `easyscale cluster stop` "
                          "to start another or change its slots")
@@ -230,12 +116,12 @@ def start(args) -> int:
         print(f"easyscale: Ray already runs at {saved['address']}; starting its scheduler unless it runs",
               file=sys.stderr)
     address = saved["address"]
-    os.environ.update(_ray_env(saved))
+    os.environ.update(session.ray_env(saved))
     import ray
 
     from ..cluster.scheduler import launch
 
-    _init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
+    session.init_ray(address, "start its head with `ray start --head`, or leave out --address to start one here")
     # max_restarts: if its actor dies, Ray starts it again and it takes its jobs back from the job table
     scheduler = launch(saved["state"], args.policy, args.round, args.slot_type, args.preempt, name="scheduler",
                        lifetime="detached", get_if_exists=True, max_restarts=-1)
@@ -246,18 +132,6 @@ def start(args) -> int:
     print(f"easyscale: cluster at {address}, scheduler running ({args.policy}, rounds of {args.round:g} s); "
           "submit jobs with `easyscale submit --virtual-workers N SCRIPT [ARGS]`")
     return 0
-
-
-def _running():
-    """The saved cluster if its Ray still runs (or, joined with --address, may run); None if there is none."""
-    try:
-        saved = _saved()
-    except UsageError:
-        return None
-    if _ended(saved):  # without `cluster stop`
-        os.unlink(os.path.join(home(), "cluster.json"))
-        return None
-    return saved
 
 
 def _slots(spec, default_type: str) -> str:
@@ -276,35 +150,10 @@ def _slots(spec, default_type: str) -> str:
     return ",".join(f"{k}:{t}" if t else k for k, _, t in entries)
 
 
-def _start_ray(address, slots, state: str) -> dict:
-    """Start Ray on this machine (or note the cluster at `address`) and save what `stop` needs to end it."""
-    local = address is None
-    saved = {"address": address, "local": local, "state": os.path.join(state, "state"),
-             "token": os.path.join(state, "ray_auth_token")}
-    if local:
-        if not os.path.exists(saved["token"]):  # Ray's token auth: its ports answer only who holds this file
-            with os.fdopen(os.open(saved["token"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-                f.write(secrets.token_hex(32))
-        # In a session of its own, which Ray's processes keep: `cluster stop` ends that session and nothing else.
-        # Not `ray start`: a second node on one machine would leave loopback (ray.cluster_utils does not).
-        starter = subprocess.Popen([sys.executable, "-m", "easyscale_ext.cluster.local", slots],
-                                   env=dict(os.environ, **_ray_env(saved)), start_new_session=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = starter.communicate()
-        saved["ray_sessions"] = [starter.pid]
-        if starter.returncode != 0:
-            _stop_ray(saved)
-            raise UsageError(f"Ray did not start: {err.strip().splitlines()[-1:]}")
-        saved["address"] = out.split()[-1]
-    with open(os.path.join(state, "cluster.json"), "w") as f:
-        json.dump(saved, f)
-    return saved
-
-
 def stop(args) -> int:
-    saved = _saved()
+    saved = session.load()
     try:
-        ray, scheduler = _connect(saved)
+        ray, scheduler = session.connect(saved)
         ray.kill(scheduler)
         ray.shutdown()
         stopped = ["the scheduler"]
@@ -312,19 +161,19 @@ def stop(args) -> int:
         print(f"easyscale: {e}", file=sys.stderr)
         stopped = []
     if saved["local"] and "ray_sessions" in saved:
-        stopped.append(f"Ray at {saved['address']} ({_stop_ray(saved)} processes `cluster start` started)")
+        stopped.append(f"Ray at {saved['address']} ({session.stop_ray(saved)} processes `cluster start` started)")
     elif saved["local"]:  # started by a version that did not record its processes
         print("easyscale: this cluster's Ray was started by an earlier version that did not record its processes: "
               "end it with `ray stop` (which ends every Ray on this machine)", file=sys.stderr)
     else:
         print(f"easyscale: Ray at {saved['address']} was not started here and keeps running", file=sys.stderr)
-    os.unlink(os.path.join(home(), "cluster.json"))
+    os.unlink(os.path.join(session.home(), "cluster.json"))
     print(f"easyscale: stopped {' and '.join(stopped) or 'nothing (nothing was running)'}")
     return 0
 
 
 def submit(args) -> int:
-    ray, scheduler = _connect(_saved())
+    ray, scheduler = session.connect(session.load())
     job = _call(ray, scheduler.submit.remote([os.path.abspath(args.script)] + args.args, args.virtual_workers,
                                              args.min_procs, args.max_procs, args.name,
                                              {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
@@ -344,7 +193,7 @@ def _from_table(saved: dict, job_id, ended):
     from ..cluster.jobtable import JobTable, no_such_job
 
     path = os.path.join(saved["state"], "jobs.sqlite")
-    if not os.path.exists(path) or _ended(saved):
+    if not os.path.exists(path) or session.ended(saved):
         return None
     try:
         table = JobTable(path, read_only=True)
@@ -364,11 +213,11 @@ def _from_table(saved: dict, job_id, ended):
 
 
 def status(args) -> int:
-    saved = _saved()
+    saved = session.load()
     ended = None if args.all else SHOWN_ENDED
     shown = _from_table(saved, args.job, ended)
     if shown is None:
-        ray, scheduler = _connect(saved)
+        ray, scheduler = session.connect(saved)
         shown = _call(ray, scheduler.nodes.remote()), _call(ray, scheduler.status.remote(args.job, ended))
     nodes, jobs = shown
     if not args.job:
@@ -392,7 +241,7 @@ def status(args) -> int:
 
 
 def logs(args) -> int:
-    ray, scheduler = _connect(_saved())
+    ray, scheduler = session.connect(session.load())
     offset = 0
     while True:  # with -f, the state is read before the output, so the output read after an end is all of it
         ended = not args.follow or _call(ray, scheduler.status.remote(args.job))[0]["state"] not in LIVE
@@ -418,7 +267,7 @@ def _node(ray, scheduler, prefix):
 
 
 def reserve(args) -> int:
-    ray, scheduler = _connect(_saved())
+    ray, scheduler = session.connect(session.load())
     taken = _call(ray, scheduler.reserve.remote(args.count, _node(ray, scheduler, args.node)))
     print(f"easyscale: reserved {len(taken)} slots on " + ", ".join(f"{n}x {node[:8]}" for node, n in
                                                                    Counter(taken).items())
@@ -427,7 +276,7 @@ def reserve(args) -> int:
 
 
 def unreserve(args) -> int:
-    ray, scheduler = _connect(_saved())
+    ray, scheduler = session.connect(session.load())
     count = _call(ray, scheduler.unreserve.remote(args.count, _node(ray, scheduler, args.node)))
     print(f"easyscale: {count} reserved slots given back to training")
     return 0
@@ -440,8 +289,8 @@ def report(args) -> int:
     from ..sched.metrics import summarize
     from .simulate import write_outputs
 
-    saved = _saved()
-    ray, scheduler = _connect(saved)
+    saved = session.load()
+    ray, scheduler = session.connect(saved)
     result = _call(ray, scheduler.report.remote())
     if not result.jobs:
         raise UsageError("no job of this cluster has finished yet: report again later")
@@ -453,7 +302,7 @@ def report(args) -> int:
 
 
 def cancel(args) -> int:
-    ray, scheduler = _connect(_saved())
+    ray, scheduler = session.connect(session.load())
     _call(ray, scheduler.cancel.remote(args.job))
     print(f"easyscale: cancelled {args.job}")
     return 0

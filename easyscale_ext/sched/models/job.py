@@ -13,12 +13,7 @@ from ...placement import optimal_split
 
 from . import goodput
 from .efficiency import gain
-from .reallocation import PAUSE_S
 from .throughput import fit_perf_params
-
-# The measured pause of an in-place scale event (BENCHMARKS.md), before the bytes a move sends
-# (models/reallocation.py costs a whole move).
-IN_PLACE_S = PAUSE_S
 
 
 class Job:
