@@ -7,7 +7,7 @@ BENCHMARKS.md.
   easyscale  EasyScale-format workloads drawn from the Philly trace (seeds) on its 32 V100 + 16 P100 + 16 T4,
              20 s first start, 30 s per restart
 Jobs of policies that scale in place (EasyScale's, elastic-goodput) pay an in-place move's cost instead (the measured
-pause plus the bytes that move, models/reallocation.py). The tables of issue 24 (one job model, Sia's restart seconds on
+pause plus the bytes that move, models/reallocation.py). The tables under one job model (Sia's restart seconds on
 its workloads, the ablation) come from bench/bench_fair.py.
 
   python bench/bench_policies.py                       # 3 workloads per family, ~8 min on 2 cores
