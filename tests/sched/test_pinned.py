@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from easyscale_ext.determinism import cpu_isa
 from easyscale_ext.sched.costs import RuntimeCosts
 from easyscale_ext.sched.models import workload
 from easyscale_ext.sched.models.application import STAND_INS, Applications
@@ -63,8 +64,7 @@ def runs(data, verbose=False):
 
 
 def isa() -> str:
-    with open("/proc/cpuinfo") as f:
-        return "avx512" if " avx512f" in f.read() else "avx2"
+    return (cpu_isa() or "unknown").lower()
 
 
 def recorded() -> dict:
