@@ -5,7 +5,7 @@ cluster's backend (backend.RayCluster), over which a thread runs the scheduling 
 import logging
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import List, Optional, Union
 
 import ray
@@ -207,29 +207,20 @@ class Scheduler:
     def round_seconds(self) -> List[float]:
         return list(self.cluster.round_seconds)
 
+    def footprint(self) -> dict:
+        """What the scheduler holds in memory: its resident set (bytes), and the length of every container its
+        backend, its policy and the application models keep, by `owner.attribute`. None of these may grow with the
+        number of jobs that have come and gone (bench/bench_memory.py)."""
+        import psutil  # Ray's own dependency
+
+        owners = {"cluster": self.cluster, "limits": self.policy, "policy": self.policy.policy,
+                  **{f"apps.{name}": app for name, app in self.apps.items()}}
+        sizes = {f"{owner}.{attr}": len(value) for owner, obj in owners.items() for attr, value in vars(obj).items()
+                 if isinstance(value, (dict, list, set, deque))}
+        return {"rss": psutil.Process().memory_info().rss, "sizes": sizes}
+
     def _job(self, job_id: str) -> dict:
         job = self.table.get(job_id)
         if job is None:
             raise ValueError(no_such_job(job_id))
         return job
-
-
-
-
-
-
-
-
-
-    # -- the scheduling loop's backend (sched/rounds.py) -------------------------------------------
-
-
-
-
-
-
-
-
-
-
-

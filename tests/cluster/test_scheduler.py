@@ -19,6 +19,7 @@ from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+PER_JOB = ("cluster.jobs", "cluster.seen", "limits.limits")  # what the scheduler keeps of each live job
 
 
 def test_the_policy_sees_nodes_by_type_then_id_as_the_simulation_does():
@@ -60,6 +61,15 @@ def wait_for_step(status, step: int, deadline: float) -> None:
         time.sleep(0.2)
 
 
+def assert_holds_no_job(scheduler):
+    """Once its jobs ended the scheduler keeps nothing of them (after a round, for the policy's view): one that
+    runs for months holds what its live jobs need, not what every job left behind."""
+    deadline = time.monotonic() + 10
+    while any((sizes := ray.get(scheduler.footprint.remote())["sizes"])[name] for name in PER_JOB):
+        assert time.monotonic() < deadline, sizes
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def scheduler(cluster, tmp_path):
     actor = launch(str(tmp_path / "state"), "fifo", 0.5)
@@ -94,6 +104,7 @@ def test_concurrent_submissions_share_no_slot_and_keep_their_bits(cluster, sched
     assert [j["state"] for j in jobs] == ["finished"] * 3, jobs
     for i, (n, _) in enumerate(specs):
         assert (tmp_path / f"hash{i}").read_text() == run_job("reference", n=n, steps=4)
+    assert_holds_no_job(scheduler)
 
 
 def test_a_job_that_ends_hands_its_slots_on_at_once_not_a_round_later(cluster, tmp_path):
@@ -320,6 +331,7 @@ def test_reserved_slots_are_taken_given_back_and_a_cancelled_job_frees_its_own(c
         assert time.monotonic() < deadline + 120, f"the job did not grow back: {status()}"
         time.sleep(0.2)
     ray.get(scheduler.cancel.remote(job))
+    assert_holds_no_job(scheduler)
     nodes = cluster.node_ids()[:2]  # the module's first two (another test adds and removes a third)
     others = [slot_on(n) for n in nodes for _ in range(2)]  # all 4 slots: free at once
     try:
