@@ -188,7 +188,8 @@ def positive(text: str) -> int:
     return value
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The `easyscale` command's parser, every subcommand's included (the API docs print their help)."""
     parser = argparse.ArgumentParser(prog="easyscale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more messages (-vv: debug)")
@@ -245,7 +246,11 @@ def main(argv=None) -> int:
 
     simulate.add_parser(sub)
     cluster.add_parsers(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(format="easyscale: %(message)s",
                         level=logging.WARNING + 10 * (args.quiet - args.verbose))
     try:
