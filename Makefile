@@ -1,5 +1,7 @@
 # make demo      the main job (creates .venv, installs torch, builds, runs)
-# make test      the whole suite: C++ core (ctest, with and without CUDA) + pytest
+# make test      the whole suite: C++ core (ctest, with and without CUDA) + pytest (docs included)
+# make test-fast the edit loop's tier: no process groups, no Ray, nothing slow (a few minutes)
+# make docs      the API reference, from the docstrings, into build/docs (open build/docs/index.html)
 # make test-gpu  only the tests marked `gpu` (needs a CUDA device)
 # make bench     the benchmarks recorded in BENCHMARKS.md
 # Rebuilds are incremental: ninja keeps its objects in build/.
@@ -9,7 +11,7 @@ PY := $(VENV)/bin/python
 JOBS ?= 2
 CSRC := $(shell find csrc -type f) setup.py CMakeLists.txt
 
-.PHONY: demo test test-gpu bench build core clean
+.PHONY: demo test test-fast test-gpu docs bench build core clean
 
 $(VENV)/.deps: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,15 @@ core:
 test: build core
 	$(PY) -m pytest -n 2 -m 'not serial' -ra --durations=25
 	$(PY) -m pytest -m serial -ra
+
+FAST := not multiprocess and not slow and not serial and not gpu
+
+test-fast: build
+	$(PY) -m pytest -n 2 -m '$(FAST)' -q
+
+docs: build
+	$(PY) -m sphinx -W --keep-going -q -b html docs/api build/docs
+	@echo "open build/docs/index.html"
 
 test-gpu: build
 	$(PY) -m pytest -ra -m gpu

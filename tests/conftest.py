@@ -1,6 +1,7 @@
 """Fixtures for every test; the helpers the tests share are in tests/support."""
+import sys
+
 import pytest
-import torch
 
 from easyscale_ext.cluster.local import use_loopback
 
@@ -11,9 +12,12 @@ use_loopback()
 
 @pytest.fixture(autouse=True)
 def _restore_num_threads():
-    n = torch.get_num_threads()
+    """A test leaves torch's intra-op threads as it found them; the torch-free ones (the simulator's) never load it."""
+    torch = sys.modules.get("torch")
+    n = torch.get_num_threads() if torch else None
     yield
-    torch.set_num_threads(n)
+    if n is not None:
+        torch.set_num_threads(n)
 
 
 # The tests that start Ray (a cluster per module, or `easyscale cluster start`) run one after another on one xdist

@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.multiprocess  # every test starts processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,3 +29,34 @@ def test_easyscale_example_same_states_on_1_and_2_processes():
     one = torchrun("train_easyscale.py", 1)
     assert len(one) == 2
     assert torchrun("train_easyscale.py", 2) == one
+
+
+def docstring_example(obj) -> str:
+    """The `.. code-block:: python` example of `obj`'s docstring, as a script."""
+    import inspect
+    import textwrap
+
+    doc = inspect.getdoc(obj)
+    block = doc[doc.index(".. code-block:: python"):].split("\n", 1)[1]
+    lines = []
+    for line in block.splitlines()[1:]:  # after the blank line that opens the block
+        if line and not line.startswith("    "):
+            break
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines))
+
+
+def test_easyscale_ddp_docstring_example_prints_one_hash_on_1_and_2_processes(tmp_path):
+    import easyscale_ext as es
+
+    script = tmp_path / "train.py"
+    script.write_text(docstring_example(es.EasyScaleDDP))
+    hashes = []
+    for procs in (1, 2):
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
+                              "--standalone", str(script)], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert out.returncode == 0, out.stdout + out.stderr
+        hashes.append(out.stdout.split())
+    assert len(hashes[0]) == 1 and len(hashes[0][0]) == 64
+    assert hashes[1] == hashes[0]

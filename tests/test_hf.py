@@ -6,6 +6,8 @@ import os
 import pytest
 from support.jobs import in_readme, printed_state, run_script
 
+pytestmark = pytest.mark.multiprocess  # every test starts processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_hf.py")
 

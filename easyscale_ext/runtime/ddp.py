@@ -51,6 +51,46 @@ _OPEN_STEP = ("the last step is still open: its `for batch in ddp.workers(...)` 
 
 
 class EasyScaleDDP(DDPParity, nn.Module):
+    """DistributedDataParallel over `virtual_world_size` (N) virtual workers on P <= N processes, whose trained
+    model is bitwise the same for every P.
+
+    It takes DDP's constructor arguments (`mixed_precision` and `device_mesh` are refused; `device_ids` names one
+    device). Each process runs a contiguous range of virtual ranks (`virtual_ranks=(lo, hi)`, default an even
+    split), one after another in every step, each with its own data, RNG streams and buffers; their gradients are
+    summed in one canonical order. `determinism_level`: "D0" (consistent data, RNG and reduction), "D1" (plus
+    deterministic kernels and `num_threads` intra-op threads) or "D2" (plus the instruction-set floor `isa`, so
+    that processes on different machines agree). `freezer`: a layer-freezing policy (Freezer).
+
+    A step runs every local virtual worker's micro-batch inside :meth:`workers`; with one virtual worker per
+    process a plain DDP loop works unchanged. Saved as `train.py`, `torchrun --nproc-per-node 1 train.py` (N = 4
+    on P = 1), `--nproc-per-node 2` and `--nproc-per-node 4` print the same SHA-256:
+
+    .. code-block:: python
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch import nn
+        from torch.utils.data import TensorDataset
+
+        import easyscale_ext as es
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+        model = es.EasyScaleDDP(nn.Linear(8, 2), virtual_world_size=4)
+        loader = model.data_loader(data, batch_size=16, shuffle=True, seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step_batches in loader:
+            for x, y in model.workers(step_batches):
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        if dist.get_rank() == 0:
+            print(es.state_sha256(model, opt))
+        dist.destroy_process_group()
+    """
+
     def __init__(self, module: nn.Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, init_sync: bool = True, process_group=None,
                  bucket_cap_mb: Optional[float] = None, find_unused_parameters: bool = False,

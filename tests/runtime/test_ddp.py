@@ -15,6 +15,8 @@ import easyscale_ext as es
 from easyscale_ext import determinism
 from support.jobs import D1, OLDER, needs_older, reference, run_job
 
+pytestmark = pytest.mark.multiprocess  # every test starts processes
+
 
 @pytest.mark.parametrize("procs,ranges", [(1, ""), (2, ""), (4, ""), (2, "0,3,4")],
                          ids=["P1", "P2", "P4", "split3+1"])
@@ -191,6 +193,7 @@ def test_destroy_process_group_ends_the_group_while_easyscale_ddp_lives(tmp_path
 import weakref, torch, torch.distributed as dist
 from torch import nn
 from easyscale_ext import EasyScaleDDP
+
 dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=0, world_size=1)
 ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2, determinism_level="D1")
 for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):

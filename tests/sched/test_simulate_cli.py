@@ -105,6 +105,7 @@ def test_easyscales_calibration_keeps_its_settings_and_a_repeated_names_last_row
         {"job_model": "easyscale", "start_s": 20.0, "restart_s": 0.0, "round_s": 60.0}
 
 
+@pytest.mark.slow
 def test_the_philly_trace_runs_under_a_profiled_policy_with_drawn_applications(capsys):
     """The README's command, as written."""
     argv = ("--workload pollux/traces/philly.csv --limit 12 --applications 0 --policy tiresias,sia "
