@@ -211,7 +211,7 @@ class _Search:
 
     def run(self, seeds, size, generations):
         """The elitist search (mu + lambda): the final population, best first. Most children copy an elite one,
-        and the population collapses onto a few allocations (BENCHMARKS.md, "Where Pollux's gap is")."""
+        and the population collapses onto a few allocations: the artifact's figures come from NSGA-II."""
         return self.problem.elitist(seeds, size, generations, self._seed())
 
     def nsga2(self, seeds, size, generations):
