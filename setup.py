@@ -51,8 +51,8 @@ def want_cuda():
 
 def shared_libstdcxx():
     """Link flags that give _C the shared libstdc++, as torch has. A compiler whose libstdc++ is an archive only
-    (a lent GPU machine's image sets CXX to one) links a private copy into _C, whose symbols interpose with
-    torch's: the first stream output in _C then crashed (an uninitialised locale facet)."""
+    (some GPU machines' images set CXX to one) links a private copy into _C, whose symbols interpose with
+    torch's: the first stream output in _C then crashes (an uninitialised locale facet)."""
     from torch.utils.cpp_extension import get_cxx_compiler
 
     found = subprocess.run([get_cxx_compiler(), "-print-file-name=libstdc++.so"], capture_output=True,

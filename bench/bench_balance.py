@@ -1,5 +1,5 @@
 """Heterogeneous processes on one machine: throughput of the even split, the balanced split and the
-ideal (issue 12).
+ideal.
 
 Three processes of tests/support/train_job.py's conv net, N virtual workers, pinned so that process 0 has a core
 to itself and processes 1 and 2 share another (speeds about 1 : 1/2 : 1/2). Runs, interleaved:

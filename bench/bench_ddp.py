@@ -1,4 +1,4 @@
-"""EasyScaleDDP step overhead (issue 4).
+"""EasyScaleDDP's step overhead against gradient accumulation and torch DDP.
 
 1. k virtual workers on one process vs a plain gradient-accumulation loop over
    the same k micro-batches on the same model (the lower bound for that work on
@@ -8,7 +8,7 @@
 3. Cost of D1 and D2 against D0 (N = 4 on one process).
 Each configuration runs in its own process (clean peak RSS); the contenders of
 a configuration alternate step by step, and the median step time is reported.
-`--overlap`: only the exchange's overlap with backward (issue 13), on a 21 M
+`--overlap`: only the exchange's overlap with backward, on a 21 M
 parameter MLP whose exchange is a large part of the step, N = 2 on 2 processes:
 EasyScaleDDP with 25 MB buckets exchanged during backward, the same with one
 bucket (the whole exchange after backward), torch DDP, and the compute alone

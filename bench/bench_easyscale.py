@@ -1,4 +1,4 @@
-"""EasyScale's own setting reproduced (issue 38, part 1): its test.csv on its 32 V100 + 16 P100 + 16 T4 cluster under
+"""EasyScale's own setting reproduced: its test.csv on its 32 V100 + 16 P100 + 16 T4 cluster under
 its artifact's job model (`easyscale simulate --calibration easyscale`), against its published figures, for each
 source of the micro-batches' compute times the artifact does not ship (models/easyscale.py SPEED_SOURCES); and the
 same workload under the project's own job model, where only the ordering is comparable. Markdown for BENCHMARKS.md.

@@ -1,4 +1,4 @@
-"""Pause of one scale event as a surviving worker sees it (issue 5).
+"""Pause of one scale event as a surviving worker sees it.
 
 pause = end of the last step before the event -> end of the first step after
 it, on a process that lives through the event. In-place (stop-free) scaling

@@ -1,4 +1,4 @@
-"""Every policy under one job model (issue 24): per workload family a table of avg JCT, p99 JCT and makespan, and
+"""Every policy under one job model: per workload family a table of avg JCT, p99 JCT and makespan, and
 the ablation of elastic-goodput. Markdown for BENCHMARKS.md; one simulation at a time.
 
 Job model, the same for every policy: a restart-based job pays its restart (Pollux's workloads and EasyScale's:
@@ -38,7 +38,7 @@ FAMILIES = {  # workload path, cluster, job model (flags of easyscale simulate),
                                               "easyscale-heter", "sia", "elastic-goodput"]),
 }
 # Published average JCTs, seconds: the Pollux artifact's results-jobload/<policy>-1.0/summary.json per workload;
-# EasyScale's paper for its test.csv (heter / homo / YARN-CS). Sia's draft gives means only (calibrated testbed).
+# EasyScale's paper for its test.csv (heter / homo / YARN-CS). Sia's paper gives means only (calibrated testbed).
 PUBLISHED = {
     ("pollux", "pollux"): [2089, 3323, 2188, 2721, 2674, 2446, 3616, 2952],
     ("pollux", "tiresias"): [2474, 5145, 3876, 3280, 3501, 3470, 5480, 5080],
@@ -47,7 +47,7 @@ PUBLISHED = {
     ("easyscale", "yarn-cs"): [8905],
 }
 LIMIT = "lower limit"
-SIA_DRAFT = {"sia": "0.6 / 9.5 / 14.2 (mean, calibrated)", "pollux": "1.0 / 14.9 / 24.5 (mean, calibrated)"}
+SIA_PAPER = {"sia": "0.6 / 9.5 / 14.2 (mean, calibrated)", "pollux": "1.0 / 14.9 / 24.5 (mean, calibrated)"}
 # The ablation: (row, policy, in-place switch, what it assumes)
 ABLATION = [
     ("Sia", "sia", "policy", "Sia's program; jobs restart on every change"),
@@ -134,7 +134,7 @@ def tables(args, data, out):
         for p, r in [*rows.items(), (LIMIT, limit)]:
             pub = PUBLISHED.get((family, p))
             pub = (f"{np.mean([pub[i - 1] if family != 'easyscale' else pub[0] for i in indices]) / 3600:.3f}"
-                   if pub else SIA_DRAFT.get(p, "") if family == "sia" else "")
+                   if pub else SIA_PAPER.get(p, "") if family == "sia" else "")
             per = "" if family == "easyscale" else " | ".join(f"{x['avg'] / 3600:.3f}" for x in r) + " | "
             print(f"| {p} | {mean(r, 'avg') / 3600:.3f} | {mean(r, 'p99') / 3600:.2f} | "
                   f"{mean(r, 'makespan') / 3600:.2f} | {pub} | {per}{mean(r, 'cpu'):.0f} | "

@@ -1,4 +1,4 @@
-"""Fault injection for in-place elastic jobs (issue 16): random trials over
+"""Fault injection for in-place elastic jobs: random trials over
 {SIGTERM, kill -9} x {member, rank 0, joiner} x {mid-step, scale event, checkpoint write}.
 
 Each trial runs tests/support/train_job.py under the launcher (3 processes, N = 4 virtual workers, a

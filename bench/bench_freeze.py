@@ -1,4 +1,4 @@
-"""Layer freezing: backward time, gradient elements exchanged and accuracy, with and without (issue 11).
+"""Layer freezing: backward time, gradient elements exchanged and accuracy, with and without.
 
 A 6-block CNN on scikit-learn's digits, N = 4 virtual workers on one process, 8 epochs. Runs, interleaved
 and repeated (medians reported):

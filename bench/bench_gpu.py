@@ -1,4 +1,4 @@
-"""The GPU figures of issue 36, in one call on a lent GPU (an H100 or an H200).
+"""The GPU figures in one run on a GPU machine (an H100 or an H200): D2 hashes and D1/D2 step times.
 
 hashes  D2 training on this GPU of the demo's model (scikit-learn's digits), the tests' conv net, torchvision's
         ResNet-18 and a small transformer: the pure-torch reference and EasyScaleDDP with N = 4 on 1, 2 and 4

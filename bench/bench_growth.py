@@ -1,4 +1,4 @@
-"""How each policy's decision grows (issue 38, part 3): CPU seconds per scheduling round against the active jobs
+"""How each policy's decision grows: CPU seconds per scheduling round against the active jobs
 (10 to 10,000) and the GPUs (64 to 4,096).
 
 Jobs are drawn in turn from Sia's eight Philly workloads (their applications and sizes), all arriving at once. The

@@ -7,7 +7,8 @@ Speed: wall time of one 160-job workload per policy, and of the Philly trace (FI
 Timing (--timing): CPU seconds of every policy on every shipped workload, one run at a time (one core): Pollux's 8
 workloads and their 2x versions on 16 x 4 T4, Sia's 8 on its cluster, EasyScale's test.csv on its cluster.
 Sia's setting (--sia): Sia and Pollux on Sia's 8 Philly workloads and cluster, uncalibrated, under the Sia
-artifact's job model (simulator.SIA) and under that with 30 s restarts, against the means in Sia's draft.
+artifact's job model (simulator.SIA) and under that with 30 s restarts, against the means in Sia's SOSP'23 paper
+(as its artifact ships them).
 
   python bench/bench_sched.py                      # everything (about 15 min on 2 cores)
   python bench/bench_sched.py --seeds 0 --workloads 6 --philly 10000
@@ -43,7 +44,7 @@ PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simula
                       "optimus": (10807, 8515, 8363, 10313, 11830, 9767, 6998, 11175)},
 }
 FIDELITY = ("pollux", "tiresias", "optimus")
-SIA_DRAFT = {"sia": (0.6, 9.5, 14.2), "pollux": (1.0, 14.9, 24.5)}  # hours: average JCT, p99 JCT, makespan
+SIA_PAPER = {"sia": (0.6, 9.5, 14.2), "pollux": (1.0, 14.9, 24.5)}  # hours: average JCT, p99 JCT, makespan
 # Job models on Sia's setting: uncalibrated, the Sia artifact's (simulator.SIA), and that with Pollux's 30 s restarts
 SIA_MODELS = {"none": SimConfig(), "sia": SIA, "sia-30s": replace(SIA, restart_by_app={})}
 PHILLY_CLUSTER = "64x8"  # 512 GPUs: the trace's mean demand is ~374 GPUs
@@ -98,24 +99,24 @@ def mean_makespan(rows):
 
 
 def sia_table(rows, workloads):
-    """Average JCT (h) per workload and model; the means of avg / p99 / makespan against Sia's draft."""
+    """Average JCT (h) per workload and model; the means of avg / p99 / makespan against Sia's paper."""
     models = tuple(SIA_MODELS)
     print(f"\nSia's setting ({SHIPPED['sia'][1]}), hours; model none = uncalibrated, sia = simulator.SIA, "
           "sia-30s = simulator.SIA with 30 s restarts\n")
-    print("| workload | " + " | ".join(f"{p}, {m}" for p in SIA_DRAFT for m in models) + " |")
-    print("|---|" + "---:|" * (len(SIA_DRAFT) * len(models)))
+    print("| workload | " + " | ".join(f"{p}, {m}" for p in SIA_PAPER for m in models) + " |")
+    print("|---|" + "---:|" * (len(SIA_PAPER) * len(models)))
     pick = lambda p, m, w: [r for r in rows if r["policy"] == p and r["model"] == m and r["target"] == w]  # noqa
     for w in workloads:
         print(f"| {w} | " + " | ".join(f"{np.mean([r['avg_jct'] for r in pick(p, m, w)]) / 3600:.3f}"
-                                       for p in SIA_DRAFT for m in models) + " |")
+                                       for p in SIA_PAPER for m in models) + " |")
     cells = []
-    for p in SIA_DRAFT:
+    for p in SIA_PAPER:
         for m in models:
             runs = [[r for w in workloads for r in pick(p, m, w) if r["seed"] == s]
                     for s in sorted({r["seed"] for w in workloads for r in pick(p, m, w)})]
             got = [np.mean([f(run) for run in runs]) / 3600 for f in (pooled_mean, pooled_p99, mean_makespan)]
-            cells.append(" / ".join(f"{g:.2f} ({g / d - 1:+.0%})" for g, d in zip(got, SIA_DRAFT[p])))
-    print("| mean avg / p99 / makespan (vs draft) | " + " | ".join(cells) + " |")
+            cells.append(" / ".join(f"{g:.2f} ({g / d - 1:+.0%})" for g, d in zip(got, SIA_PAPER[p])))
+    print("| mean avg / p99 / makespan (vs paper) | " + " | ".join(cells) + " |")
 
 
 def fidelity_table(rows, workloads, folder):
@@ -195,7 +196,7 @@ def main():
     parser.add_argument("--json", default=None, help="write the raw rows here")
     parser.add_argument("--timing", action="store_true", help="only time every policy on every shipped workload")
     parser.add_argument("--policies", default=",".join(RUNNABLE), help="with --timing: the policies to time")
-    parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its draft")
+    parser.add_argument("--sia", action="store_true", help="only Sia and Pollux on Sia's setting, against its paper")
     parser.add_argument("--search", default="nsga2", choices=SEARCHES,
                         help="Pollux's search: the artifact's NSGA-II (default) or the elitist one")
     parser.add_argument("--size", metavar="POPxGEN", help="Pollux's search size, e.g. 64x24 (default: the search's "
@@ -211,7 +212,7 @@ def main():
             parser.error(f"unknown policies {unknown}: choose among {', '.join(RUNNABLE)}")
         return timing(data, policies)
     if args.sia:
-        tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_DRAFT for m in SIA_MODELS
+        tasks = [("sia", p, w, s, data, m) for w in args.workloads for p in SIA_PAPER for m in SIA_MODELS
                  for s in (args.seeds if p == "pollux" else [0])]
         with multiprocessing.get_context("fork").Pool(2) as pool:
             return sia_table(list(pool.imap_unordered(job, tasks)), args.workloads)

@@ -5,8 +5,10 @@ import pytest
 
 from easyscale_ext.cluster.local import use_loopback
 
-# Every Ray the tests start stays on loopback (../shared/RAY.md). Ray reads this when first imported, which
-# any test module may do at collection: hence here, before them all.
+# Every Ray the tests start stays on loopback: by default Ray takes the machine's interface address for its nodes
+# and asks a cloud metadata address which cloud it is on; `use_loopback` sets the environment that keeps both on
+# this machine. Ray reads it when first imported, which any test module may do at collection: hence here, before
+# them all.
 use_loopback()
 
 

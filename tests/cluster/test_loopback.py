@@ -1,5 +1,6 @@
 """Ray in tests stays on loopback: every connect() of a local cluster's processes goes to 127.0.0.1 (or ::1),
-apart from the system resolver's DNS lookups (../shared/RAY.md)."""
+apart from the system resolver's DNS lookups (by default Ray would reach the machine's interface address and a
+cloud metadata address; tests/conftest.py puts every test under `use_loopback`)."""
 import os
 import re
 import shutil

@@ -1,4 +1,4 @@
-"""One job model for every policy (issue 24): what a reallocation costs, freezing as a per-job opt-in, and the
+"""One job model for every policy: what a reallocation costs, freezing as a per-job opt-in, and the
 throughput of a job on mixed GPU types; each against figures computed by hand."""
 from dataclasses import replace
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 36's GPU checks in one call on a lent GPU, most wanted first, so that a call cut short still returns
+# The GPU checks in one run on a GPU machine, most wanted first, so that a run cut short still leaves
 # what it finished: the extension built for this GPU (skipped where a _C for this Python is already there, e.g.
-# carried from an earlier call on the same image), D2 hashes, `make test-gpu`'s tests, the kernel benchmarks,
+# built by an earlier run on the same image), D2 hashes, `make test-gpu`'s tests, the kernel benchmarks,
 # D1/D2 step times. Everything lands in $OUT (default ./gpu-out): run.log, the JSON of each part, the built _C.
-#   OUT=DIR [COMPARE=other-gpu-hashes.json] bash bench/gpu_session.sh
+#   OUT=DIR [COMPARE=other-gpu-hashes.json] bash bench/gpu_checks.sh
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
