@@ -1,10 +1,11 @@
-"""The README's examples run as they are under torchrun: the EasyScaleDDP conversion prints the
-same states on 1 and 2 processes, and with N = 2 the states the DDP script prints on 2."""
+"""The examples run as they are under torchrun: the README's EasyScaleDDP conversion prints the same states on 1 and
+2 processes, and with N = 2 the states the DDP script prints on 2; EasyScaleDDP's docstring example one hash."""
 import os
 import subprocess
 import sys
 
 import pytest
+from support.examples import docstring_example
 
 pytestmark = pytest.mark.multiprocess  # every test starts processes
 
@@ -29,21 +30,6 @@ def test_easyscale_example_same_states_on_1_and_2_processes():
     one = torchrun("train_easyscale.py", 1)
     assert len(one) == 2
     assert torchrun("train_easyscale.py", 2) == one
-
-
-def docstring_example(obj) -> str:
-    """The `.. code-block:: python` example of `obj`'s docstring, as a script."""
-    import inspect
-    import textwrap
-
-    doc = inspect.getdoc(obj)
-    block = doc[doc.index(".. code-block:: python"):].split("\n", 1)[1]
-    lines = []
-    for line in block.splitlines()[1:]:  # after the blank line that opens the block
-        if line and not line.startswith("    "):
-            break
-        lines.append(line)
-    return textwrap.dedent("\n".join(lines))
 
 
 def test_easyscale_ddp_docstring_example_prints_one_hash_on_1_and_2_processes(tmp_path):
