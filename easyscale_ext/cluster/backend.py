@@ -242,6 +242,7 @@ class RayCluster:
                 record.model = live.job_model(job["id"], job["submitted"] - self.t0, job["virtual_workers"],
                                               job["max_procs"], app, job["batch_size"], self.policy,
                                               d2=determinism.ISA_ENV in job["env"])
+                live.restore(record.model, job["history"])  # a job the scheduler before this one modelled
                 if job["nodes"]:  # a job taken back after a restart
                     live.place(record.model, self._groups(job["nodes"]))
         self.policy.limits = {j["id"]: (j["min_procs"], j["max_procs"]) for j in seen}
@@ -350,6 +351,7 @@ class RayCluster:
                 continue
             live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
             record.followed = now
+            self.table.update(job_id, history=live.history(model))
         return left
 
     def _orphaned(self, job_id: str) -> None:

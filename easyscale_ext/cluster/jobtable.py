@@ -14,12 +14,13 @@ from typing import List, Optional
 
 from ..sched.lifecycle import ENDED, LIVE, IllegalMove, JobState, sources
 
-_JSON = ("argv", "env", "nodes", "live")
+_JSON = ("argv", "env", "nodes", "live", "history")
 _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TEXT", "virtual_workers": "INTEGER",
             "min_procs": "INTEGER", "max_procs": "INTEGER", "state": "TEXT", "submitted": "REAL", "started": "REAL",
             "finished": "REAL", "exit_code": "INTEGER", "nodes": "TEXT", "log_dir": "TEXT", "application": "TEXT",
             "batch_size": "INTEGER", "note": "TEXT",  # note: why a job waits in the queue again (suspended, ...)
-            "live": "TEXT", "step_s": "REAL"}  # a running job's supervisor's last answer, and seconds per step
+            "live": "TEXT", "step_s": "REAL",  # a running job's supervisor's last answer, and seconds per step
+            "history": "TEXT"}  # its model's service so far (sched.live.history): a restarted scheduler's goes on
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",

@@ -38,6 +38,23 @@ def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, a
     return job
 
 
+HISTORY = ("attained", "run_s", "starts")  # what a model accumulates that no report of the real job gives back
+
+
+def history(job) -> dict:
+    """What the model has accumulated of its job's service (GPU-seconds and seconds held, starts), which policies
+    rank jobs by (Tiresias' and EDL's queues, Pollux's order, elastic-goodput's remaining work): the job table keeps
+    it, so that a restarted scheduler's model goes on from it rather than from a job just submitted."""
+    return {field: getattr(job, field) for field in HISTORY}
+
+
+def restore(job, kept: Optional[dict]) -> None:
+    """Give a new model of a job the `history` a model of it had (none: a job the scheduler sees first)."""
+    for field, value in (kept or {}).items():
+        if field in HISTORY:
+            setattr(job, field, value)
+
+
 def place(job, groups: dict) -> None:
     """The job was given `groups` ({type: slots per node}); it is reallocating until `follow` says it runs on
     them: a real start has no modelled length."""

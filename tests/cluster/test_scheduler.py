@@ -160,9 +160,15 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by)
     first = launch(state, "fifo", 0.5, max_restarts=-1 if by == "ray" else 0)
     job = ray.get(first.submit.remote(job_argv(tmp_path / "hash", 2) + ["--steps", "12"], 2, 1, 1, "kept", ENV))
     deadline = time.monotonic() + 120
-    while (ray.get(first.status.remote(job))[0]["live"] or {}).get("progress") is None:
+
+    def attained(scheduler):
+        """GPU-seconds its model held, as the job table keeps them."""
+        return (ray.get(scheduler.status.remote(job))[0]["history"] or {}).get("attained", 0.0)
+
+    while (ray.get(first.status.remote(job))[0]["live"] or {}).get("progress") is None or attained(first) < 1.0:
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.2)
+    served = attained(first)  # GPU-seconds its model held: the next scheduler's model goes on from there
     pid = ray.get(first.__ray_call__.remote(lambda actor: os.getpid()))
     ray.kill(first, no_restart=by == "hand")  # as a crash of its actor
     second = launch(state, "fifo", 0.5) if by == "hand" else first
@@ -175,6 +181,10 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by)
     try:
         while state_of_job() in ("running", "restarting"):
             assert time.monotonic() < deadline + 120, "the job did not end under the new scheduler"
+            try:
+                assert attained(second) >= served, "the new scheduler modelled the job as if just submitted"
+            except ray.exceptions.RayActorError:  # restarting
+                pass
             time.sleep(0.2)
         assert state_of_job() == "finished"
         assert ray.get(second.__ray_call__.remote(lambda actor: os.getpid())) != pid  # another process
