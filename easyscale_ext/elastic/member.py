@@ -50,7 +50,12 @@ class ScaleEvent:
 
 
 class ElasticMember:
-    """This process's membership in an elastic job."""
+    """This process's membership in an elastic job: it joins the job's process group through the job's store
+    (`easyscale run` and `easyscale submit` start the store and set $EASYSCALE_STORE), and `run(train_step, ddp,
+    optimizer, loader, epochs, ...)` is the whole training loop, which scales in and out in place at step
+    boundaries (`easyscale scale`, a scheduler, SIGTERM to leave), recovers in place from a lost process and
+    checkpoints. Build it before the model: it forms the process group. examples/train_elastic.py is a complete
+    job."""
 
     def __init__(self, address: Optional[str] = None, worker_id: Optional[str] = None, backend: str = "gloo",
                  timeout_s: float = 300.0, balance: Union[bool, Balancer, None] = None, liveness_s: float = 5.0):

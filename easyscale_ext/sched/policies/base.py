@@ -10,6 +10,10 @@ import numpy as np
 
 
 class Policy:
+    """A scheduling policy: each round, `optimize` says which GPUs every job holds. The class attributes below are
+    flags the simulator and the cluster read (what the policy needs of jobs, how its jobs run); a subclass sets the
+    ones that apply. The same object runs in `easyscale simulate` and in cluster mode (sched.rounds.run)."""
+
     name = ""
     profiled = False  # needs jobs of profiled applications (models their throughput), not bare trace jobs
     virtual_workers = False  # runs jobs as EasyScale's virtual workers (workload.as_virtual_workers)
@@ -29,6 +33,10 @@ class Policy:
         return spec.batch_size
 
     def optimize(self, now, jobs, cluster, allocations) -> dict:
+        """The round's allocations: job name -> a tuple of node indices of `cluster` (models.cluster.Cluster), one
+        entry per GPU; a job left out holds none. `jobs`: the jobs that have arrived and not finished (job models,
+        in arrival order; read them, never change them); `allocations`: what each holds now; `now`: seconds since
+        the run began."""
         raise NotImplementedError
 
 
