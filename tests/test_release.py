@@ -12,7 +12,8 @@ from support.examples import docstring_example
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+# serial: its compile takes both cores, which would starve the Ray tests on the other pytest worker
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.serial]
 
 
 def run(cmd, cwd=None, env=None):
