@@ -344,14 +344,16 @@ class RayCluster:
                 if held and last and last[2] == held and progress["step"] > last[1]:
                     step_s = record.step_s = (progress["time"] - last[0]) / (progress["step"] - last[1])
                 record.last_step = (progress["time"], progress["step"], held)
-            if report != record.answer:  # what `status` shows of it, in one write
-                self.table.update(job_id, live=report.to_dict(), step_s=record.step_s)
+            changed = {}  # what `status` shows of it and its model's service, in one write
+            if report != record.answer:
+                changed.update(live=report.to_dict(), step_s=record.step_s)
                 record.answer = report
-            if not following:
-                continue
-            live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
-            record.followed = now
-            self.table.update(job_id, history=live.history(model))
+            if following:
+                live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
+                record.followed = now
+                changed.update(history=live.history(model))
+            if changed:
+                self.table.update(job_id, **changed)
         return left
 
     def _orphaned(self, job_id: str) -> None:

@@ -193,7 +193,6 @@ def test_destroy_process_group_ends_the_group_while_easyscale_ddp_lives(tmp_path
 import weakref, torch, torch.distributed as dist
 from torch import nn
 from easyscale_ext import EasyScaleDDP
-
 dist.init_process_group("gloo", init_method="file://{tmp_path}/rendezvous", rank=0, world_size=1)
 ddp = EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2, determinism_level="D1")
 for x in ddp.workers((v, torch.randn(3, 4)) for v in ddp.local_ranks):
