@@ -1,18 +1,27 @@
-"""The GPU figures in one run on a GPU machine (an H100 or an H200): D2 hashes and D1/D2 step times.
+"""The GPU figures in one run on a GPU machine (an H100 or an H200), one part per call, most wanted first.
 
-hashes  D2 training on this GPU of the demo's model (scikit-learn's digits), the tests' conv net, torchvision's
-        ResNet-18 and a small transformer: the pure-torch reference and EasyScaleDDP with N = 4 on 1, 2 and 4
-        processes sharing the GPU (gloo: NCCL refuses two ranks on one GPU). The SHA-256 covers parameters,
-        buffers and optimizer state (tests/support/train_job.py).
-levels  step time of D1 and D2 against D0: EasyScaleDDP with N = 4 on one process, torchvision's ResNet-50 at 32
-        images of 224 x 224 per virtual worker (EasyScale's own D2 figure), a conv net with BatchNorm and a small
-        transformer. A level's settings are process-wide, so each level runs in a process of its own; the levels
-        alternate over --rounds rounds and each figure is the median over rounds of a round's median step.
+hashes   D2 training on this GPU of the demo's model (scikit-learn's digits), the tests' conv net, torchvision's
+         ResNet-18 and a small transformer: the pure-torch reference and EasyScaleDDP with N = 4 on 1, 2 and 4
+         processes sharing the GPU (gloo: NCCL refuses two ranks on one GPU). The SHA-256 covers parameters,
+         buffers and optimizer state (tests/support/train_job.py).
+ddp      what EasyScaleDDP costs against torch: N = 1 against torch DDP with world size 1, and N = 4 on one process
+         against 4-micro-batch gradient accumulation on the bare model (one NCCL group of one process for all),
+         each in float32, bfloat16 autocast and float16 autocast with GradScaler; torchvision's ResNet-50 at 32
+         images of 224 x 224 per (virtual) worker and a small transformer. Median step time over --rounds rounds
+         (the variants alternate) and peak memory (torch.cuda.max_memory_allocated).
+amp      the hashes part's placements under bfloat16 autocast, and float16 autocast with GradScaler.
+profile  one D0 and one D1 step of the transformer (N = 4, one process) under torch.profiler: the kernels with the
+         most device time, to name what leaves its fused path under D1's deterministic settings.
+levels   step time of D1 and D2 against D0: EasyScaleDDP with N = 4 on one process, ResNet-50 as above, a conv
+         net with BatchNorm and the transformer. A level's settings are process-wide, so each level runs in a
+         process of its own; the levels alternate over --rounds rounds.
 --compare OTHER.json: this GPU's hashes against another GPU's, model by model.
+--device cpu runs the same code on the CPU, a smoke run whose times mean nothing.
 
-    PYTHONPATH=. python3 bench/bench_gpu.py --json OUT.json [--compare OTHER.json] [--rounds 3]
+    PYTHONPATH=. python3 bench/bench_gpu.py --parts hashes --json OUT.json [--compare OTHER.json] [--rounds 3]
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -27,17 +36,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 HASH_MODELS = ("digits", "cnn", "resnet18", "transformer")
+AMP_MODELS = ("cnn", "resnet18", "transformer")
 PLACEMENTS = {"reference": 1, "P=1": 1, "P=2": 2, "P=4": 4}  # processes sharing the GPU, N = 4
 LEVEL_MODELS = ("resnet50", "convbn", "transformer")
 LEVELS = ("D0", "D1", "D2")
+TORCH_MODELS = ("resnet50", "transformer")
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+VARIANTS = ("torch DDP", "EasyScaleDDP N=1", "accumulation x4", "EasyScaleDDP N=4")
 
 
-def hashes():
+def hashes(models, device, **extra):
+    """{model: {placement: SHA-256 or 'failed: ...'}} after D2 training."""
     from easyscale_ext import determinism
     from support.jobs import run_job
 
     env = determinism.environment("D2")
-    options = dict(n=4, device="cuda", level="D2", steps=5, batch=8, backend="gloo")
+    options = dict(n=4, device=device, level="D2", steps=5, batch=8, backend="gloo", **extra)
 
     def one(model, placement):
         procs = PLACEMENTS[placement]
@@ -47,76 +61,207 @@ def hashes():
         except Exception as error:  # a placement that fails is a finding: record it, go on with the others
             return f"failed: {str(error)[-600:]}"
 
-    jobs = [(m, p) for m in HASH_MODELS for p in PLACEMENTS]
-    with ThreadPoolExecutor(4) as pool:
+    jobs = [(m, p) for m in models for p in PLACEMENTS]
+    with ThreadPoolExecutor(max(4, (os.cpu_count() or 1) // 2)) as pool:
         found = list(pool.map(lambda job: one(*job), jobs))
-    out = {m: {} for m in HASH_MODELS}
+    out = {m: {} for m in models}
     for (m, p), h in zip(jobs, found):
         out[m][p] = h
     return out
 
 
-def make(name):
+def print_hashes(title, found):
+    print(title)
+    for model, by_placement in found.items():
+        agree = len(set(by_placement.values())) == 1
+        print(f"  {model:12s} {'all placements equal' if agree else 'DIFFER'}: "
+              + " ".join(f"{p}={h[:12]}" for p, h in by_placement.items()))
+
+
+def make(name, batch):
+    """The model, one (virtual) worker's inputs and its targets; `batch` 0: the model's own batch size."""
     from torch import nn
 
     torch.manual_seed(0)
     if name == "resnet50":
         from torchvision.models import resnet50
 
-        return resnet50(), torch.randn(32, 3, 224, 224), torch.randint(0, 1000, (32,))
+        batch = batch or 32
+        return resnet50(), torch.randn(batch, 3, 224, 224), torch.randint(0, 1000, (batch,))
     if name == "convbn":
         from bench_ddp import ConvBN  # bench/ is on the path: this file runs as a script
 
-        return ConvBN(), torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+        batch = batch or 64
+        return ConvBN(), torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.1, batch_first=True)
-    x = torch.randint(0, 1000, (32, 128))
+    x = torch.randint(0, 1000, (batch or 32, 128))
     model = nn.Sequential(nn.Embedding(1000, 256), nn.TransformerEncoder(layer, 4), nn.Linear(256, 1000))
     return model, x, x.roll(-1, 1)
 
 
-def child_levels(level, steps, device="cuda"):
-    """One process at `level`: each model's median step (N = 4 virtual workers, optimizer step included)."""
+def loss_of(model, x, y, dtype):
     import torch.nn.functional as F
+
+    with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, steps, device):
+    """Median seconds of `step` over `steps` calls after three warm-up calls, and the peak memory allocated
+    on the device since the warm-up began (model and optimizer state included)."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(steps + 3):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    return statistics.median(times), peak
+
+
+def one_variant(name, variant, dtype, steps, device, batch, level="D0"):
+    """(median step seconds, peak bytes) of one model trained by one variant at one precision."""
+    from torch.nn.parallel import DistributedDataParallel
 
     import easyscale_ext as es
 
-    out = {}
-    for name in LEVEL_MODELS:
-        model, x, y = make(name)
-        model, x, y = model.to(device), x.to(device), y.to(device)
-        ddp = es.EasyScaleDDP(model, virtual_world_size=4, determinism_level=level)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-        times = []
-        for i in range(steps + 3):  # three warm-up steps
-            torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            for xb, yb in ddp.workers([(v, (x, y)) for v in range(4)]):
-                logits = ddp(xb)
-                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad()
-            torch.cuda.synchronize(device)
-            if i >= 3:
-                times.append(time.perf_counter() - start)
-        out[name] = statistics.median(times)
-        del ddp, model, opt
+    model, x, y = make(name, batch)
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    if variant == "torch DDP":
+        wrapped = DistributedDataParallel(model, device_ids=[0] if device == "cuda" else None)
+    elif variant.startswith("EasyScaleDDP"):
+        wrapped = es.EasyScaleDDP(model, virtual_world_size=int(variant.rsplit("=", 1)[1]), determinism_level=level)
+    else:
+        wrapped = model
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler(device, enabled=dtype is torch.float16)
+
+    def step():
+        if variant.startswith("EasyScaleDDP"):
+            for xb, yb in wrapped.workers([(v, (x, y)) for v in wrapped.local_ranks]):
+                scaler.scale(loss_of(wrapped, xb, yb, dtype)).backward()
+        else:
+            micro = 4 if variant == "accumulation x4" else 1
+            for _ in range(micro):
+                scaler.scale(loss_of(wrapped, x, y, dtype) / micro).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+    return timed(step, steps, device)
+
+
+def release(device):
+    """Free the last variant's model, optimizer and cached blocks before the next variant is measured."""
+    gc.collect()  # a wrapped module's hooks hold reference cycles
+    if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def against_torch(models, rounds, steps, device, batch):
+    """{model: {precision: {variant: {"step_s", "peak_bytes"}}}}, in one process with a group of one."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp}/rendezvous",
+                                rank=0, world_size=1)
+        found = {}
+        for _ in range(rounds):
+            for name in models:
+                for precision, dtype in PRECISIONS.items():
+                    for variant in VARIANTS:
+                        key = (name, precision, variant)
+                        found.setdefault(key, []).append(one_variant(name, variant, dtype, steps, device, batch))
+                        release(device)
+        dist.destroy_process_group()
+    out = {}
+    for (name, precision, variant), runs in found.items():
+        out.setdefault(name, {}).setdefault(precision, {})[variant] = {
+            "step_s": statistics.median(t for t, _ in runs), "peak_bytes": max(p for _, p in runs)}
     return out
 
 
-def levels(rounds, steps):
+def print_against_torch(found, rounds):
+    print(f"EasyScaleDDP against torch, median step of {rounds} rounds and peak memory; ratios to torch's:")
+    for name, by_precision in found.items():
+        for precision, r in by_precision.items():
+            for ours, theirs in (("EasyScaleDDP N=1", "torch DDP"), ("EasyScaleDDP N=4", "accumulation x4")):
+                a, b = r[ours], r[theirs]
+                print(f"  {name:11s} {precision:8s} {ours} {a['step_s'] * 1e3:7.1f} ms {a['peak_bytes'] / 2**20:6.0f} MiB"
+                      f" | {theirs:15s} {b['step_s'] * 1e3:7.1f} ms {b['peak_bytes'] / 2**20:6.0f} MiB"
+                      f" | {a['step_s'] / b['step_s']:.3f}x time {a['peak_bytes'] / max(b['peak_bytes'], 1):.3f}x memory")
+
+
+def child_levels(models, level, steps, device, batch):
+    """One process at `level`: each model's median step (N = 4 virtual workers, optimizer step included)."""
+    out = {}
+    for name in models:
+        out[name] = one_variant(name, "EasyScaleDDP N=4", None, steps, device, batch, level)[0]
+        release(device)
+    return out
+
+
+def child_profile(level, device, batch):
+    """The device kernels (CPU ops on a CPU) with the most self time in one transformer step at `level`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import easyscale_ext as es
+
+    model, x, y = make("transformer", batch)
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    ddp = es.EasyScaleDDP(model, virtual_world_size=4, determinism_level=level)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        for xb, yb in ddp.workers([(v, (x, y)) for v in range(4)]):
+            loss_of(ddp, xb, yb, None).backward()
+        opt.step()
+        opt.zero_grad()
+        sync(device)
+
+    for _ in range(3):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events)
+    return {"total_us": total, "top": [[e.key, e.count, getattr(e, key)] for e in events[:15]]}
+
+
+def in_children(child, levels, rounds, steps, device, batch, models=()):
+    """{level: [each round's child result]}: a process per level and round, the levels alternating."""
     from easyscale_ext import determinism
 
-    found = {level: [] for level in LEVELS}
+    found = {level: [] for level in levels}
     for _ in range(rounds):
-        for level in LEVELS:
+        for level in levels:
             env = dict(os.environ, **determinism.environment(level))
-            out = subprocess.run([sys.executable, __file__, "--child", level, "--steps", str(steps)], env=env,
-                                 capture_output=True, text=True)
+            out = subprocess.run([sys.executable, __file__, "--child", child, "--level", level, "--steps", str(steps),
+                                  "--device", device, "--batch", str(batch), "--models", ",".join(models)],
+                                 env=env, capture_output=True, text=True)
             if out.returncode:
                 raise RuntimeError(f"the {level} process failed:\n{out.stderr[-3000:]}")
             found[level].append(json.loads(out.stdout.splitlines()[-1]))
-    return {m: {level: statistics.median(r[m] for r in found[level]) for level in LEVELS} for m in LEVEL_MODELS}
+    return found
+
+
+def levels(models, rounds, steps, device, batch):
+    found = in_children("levels", LEVELS, rounds, steps, device, batch, models)
+    return {m: {level: statistics.median(r[m] for r in found[level]) for level in LEVELS} for m in models}
 
 
 def main():
@@ -125,43 +270,81 @@ def main():
     ap.add_argument("--compare", help="another GPU's --json: compare its hashes with this one's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--parts", default="hashes,levels")
-    ap.add_argument("--child")
+    ap.add_argument("--parts", default="hashes,ddp,amp,profile,levels")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--child", choices=["levels", "profile"])
+    ap.add_argument("--level", default="D0")
+    ap.add_argument("--batch", type=int, default=0, help="samples per (virtual) worker in the ddp, profile and "
+                    "levels parts (default: 32 images for ResNet-50, 64 for the conv net, 32 sequences)")
+    ap.add_argument("--models", default="", help="only these of the ddp and levels parts' models (comma-separated)")
     args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child_levels(args.child, args.steps)))
+    chosen = set(filter(None, args.models.split(",")))
+
+    def only(models):
+        return tuple(m for m in models if not chosen or m in chosen)
+
+    if args.child == "levels":
+        print(json.dumps(child_levels(only(LEVEL_MODELS), args.level, args.steps, args.device, args.batch)))
         return
-    if not torch.cuda.is_available():
-        sys.exit("bench_gpu.py needs a CUDA GPU")
-    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+    if args.child == "profile":
+        print(json.dumps(child_profile(args.level, args.device, args.batch)))
+        return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_gpu.py needs a CUDA GPU, and torch sees none here (torch.cuda.is_available() is False); "
+                 "run it on a GPU machine, or pass --device cpu for a smoke run of the same code")
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version()}
     parts = args.parts.split(",")
-    start = time.time()
+    unknown = set(parts) - {"hashes", "ddp", "amp", "profile", "levels"}
+    if unknown:
+        sys.exit(f"unknown --parts {sorted(unknown)}: choose from hashes, ddp, amp, profile, levels")
+
+    def done(part, value, started):
+        result[part] = value
+        if args.json:  # after every part: a run cut short keeps what finished
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return f"({time.time() - started:.0f} s)"
+
     if "hashes" in parts:
-        result["hashes"] = hashes()
-        print(f"hashes on {result['device']} ({time.time() - start:.0f} s):")
-        for model, found in result["hashes"].items():
-            agree = len(set(found.values())) == 1
-            print(f"  {model:12s} {'all placements equal' if agree else 'DIFFER'}: "
-                  + " ".join(f"{p}={h[:12]}" for p, h in found.items()))
-    if "levels" in parts:
-        start = time.time()
-        result["levels"] = levels(args.rounds, args.steps)
-        print(f"step time, N = 4 on one process, median of {args.rounds} rounds ({time.time() - start:.0f} s):")
-        for model, found in result["levels"].items():
-            print(f"  {model:12s} D0 {found['D0'] * 1e3:7.1f} ms   D1 {found['D1'] / found['D0']:.3f}x   "
-                  f"D2 {found['D2'] / found['D0']:.3f}x")
+        started = time.time()
+        took = done("hashes", hashes(HASH_MODELS, args.device), started)
+        print_hashes(f"D2 hashes on {name} {took}:", result["hashes"])
     if args.compare and "hashes" in result:
         with open(args.compare) as f:
             other = json.load(f)
-        print(f"hashes, {result['device']} against {other['device']}:")
+        print(f"hashes, {name} against {other['device']}:")
         for model, found in result["hashes"].items():
             theirs = other.get("hashes", {}).get(model, {})
             same = [p for p in found if theirs.get(p) == found[p]]
             print(f"  {model:12s} equal in {len(same)} of {len(found)} placements ({', '.join(same) or 'none'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    if "ddp" in parts:
+        started = time.time()
+        took = done("ddp", against_torch(only(TORCH_MODELS), args.rounds, args.steps, args.device, args.batch), started)
+        print(took)
+        print_against_torch(result["ddp"], args.rounds)
+    if "amp" in parts:
+        for precision, flag in (("bfloat16", "bf16"), ("float16", "fp16")):
+            started = time.time()
+            took = done(f"hashes {precision}", hashes(AMP_MODELS, args.device, amp=flag), started)
+            print_hashes(f"D2 hashes under {precision} autocast on {name} {took}:", result[f"hashes {precision}"])
+    if "profile" in parts:
+        started = time.time()
+        found = in_children("profile", ("D0", "D1"), 1, args.steps, args.device, args.batch)
+        took = done("profile", {level: runs[0] for level, runs in found.items()}, started)
+        print(f"transformer step, N = 4, the kernels with the most self time {took}:")
+        for level, prof in result["profile"].items():
+            print(f"  {level}: {prof['total_us'] / 1e3:.1f} ms in all")
+            for kernel, count, us in prof["top"]:
+                print(f"    {us / 1e3:8.2f} ms {count:5d}x  {kernel[:100]}")
+    if "levels" in parts:
+        started = time.time()
+        took = done("levels", levels(only(LEVEL_MODELS), args.rounds, args.steps, args.device, args.batch), started)
+        print(f"step time, N = 4 on one process, median of {args.rounds} rounds {took}:")
+        for model, found in result["levels"].items():
+            print(f"  {model:12s} D0 {found['D0'] * 1e3:7.1f} ms   D1 {found['D1'] / found['D0']:.3f}x   "
+                  f"D2 {found['D2'] / found['D0']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks in one run on a GPU machine, most wanted first, so that a run cut short still leaves
-# what it finished: the extension built for this GPU (skipped where a _C for this Python is already there, e.g.
-# built by an earlier run on the same image), D2 hashes, `make test-gpu`'s tests, the kernel benchmarks,
-# D1/D2 step times. Everything lands in $OUT (default ./gpu-out): run.log, the JSON of each part, the built _C.
+# The GPU checks in one run on a GPU machine, most wanted first, so that a run cut short still leaves what it
+# finished: the extension built for this GPU (skipped where a _C for this Python is already there, e.g. built by an
+# earlier run on the same image), D2 hashes (against another GPU's with COMPARE), EasyScaleDDP against torch DDP
+# and gradient accumulation, the hashes under mixed precision, `make test-gpu`'s tests, the kernel benchmarks, the
+# store's copy kernel at each slice size, a D0 and a D1 transformer step profiled, D1/D2 step times. Everything
+# lands in $OUT (default ./gpu-out), eight files at most: run.log, each part's JSON, the built _C (and build.log
+# where the build fails).
 #   OUT=DIR [COMPARE=other-gpu-hashes.json] bash bench/gpu_checks.sh
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -21,7 +24,7 @@ if [ ! -f "easyscale_ext/_C$so_suffix" ]; then
     stamp build
     start=$SECONDS
     TORCH_CUDA_ARCH_LIST=9.0 EASYSCALE_CUDA=1 MAX_JOBS=$(nproc) $PY setup.py -q build_ext --inplace \
-        > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+        > /tmp/build.log 2>&1 || { cp /tmp/build.log "$OUT/"; tail -40 /tmp/build.log; exit 1; }
     echo "built in $((SECONDS - start)) s"
 fi
 strip -g -o "$OUT/_C$so_suffix" "easyscale_ext/_C$so_suffix"
@@ -29,11 +32,21 @@ $PY -c "import easyscale_ext as es; print('cuda_built', es.cuda_built())"
 
 stamp hashes
 timeout 200 $PY bench/bench_gpu.py --parts hashes --json "$OUT/gpu-hashes.json" ${COMPARE:+--compare "$COMPARE"}
+stamp against torch
+timeout 150 $PY bench/bench_gpu.py --parts ddp --json "$OUT/gpu-ddp.json"
+stamp mixed precision
+timeout 200 $PY bench/bench_gpu.py --parts amp --json "$OUT/gpu-amp.json"
 stamp make test-gpu
 timeout 200 $PY -m pytest -ra -m gpu --continue-on-collection-errors -p no:cacheprovider -q -s tests 2>&1 \
     | grep -v "^ERROR collecting\|^E  \|^_____" | tail -40
 stamp kernels
 timeout 90 $PY bench/bench_core.py --quick --json "$OUT/core.json" 2>/dev/null
+stamp store slices
+nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc/core csrc/bench/bench_copy.cu -o /tmp/bench_copy \
+    && $PY -c "import torchvision; print(*(p.numel() * 4 for p in torchvision.models.resnet50().parameters()))" \
+    | timeout 60 /tmp/bench_copy
+stamp profile
+timeout 90 $PY bench/bench_gpu.py --parts profile --json "$OUT/gpu-profile.json"
 stamp levels
 timeout 200 $PY bench/bench_gpu.py --parts levels --json "$OUT/gpu-levels.json"
 stamp done

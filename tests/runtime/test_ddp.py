@@ -109,6 +109,14 @@ def test_no_sync_with_two_workers_on_one_process_equals_torch_ddp():
     assert run_job("easyscale", procs=1, n=2, accumulate=2) == run_job("ddp", procs=2, n=2, accumulate=2)
 
 
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.parametrize("procs", [1, 2])
+def test_mixed_precision_matches_reference(amp, procs):
+    # autocast's lower-precision forward, and fp16's loss scaling (GradScaler unscales the reduced gradients).
+    assert run_job("easyscale", procs=procs, n=4, amp=amp) == reference(amp=amp)
+    assert reference(amp=amp) != reference()  # the forward ran at the lower precision: the test can fail
+
+
 def test_n1_equals_plain_training():
     assert run_job("easyscale", procs=1, n=1) == run_job("plain", n=1)
 
@@ -218,6 +226,16 @@ except RuntimeError as e:
 def test_cuda_one_process_matches_cuda_reference(model):
     ref = run_job("reference", n=4, model=model, device="cuda", level="D1", env_per_rank=[D1])
     assert run_job("easyscale", procs=1, n=4, model=model, device="cuda", level="D1", env_per_rank=[D1]) == ref
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_mixed_precision_on_two_processes_sharing_the_gpu(amp):
+    d2 = determinism.environment("D2")
+    options = dict(n=4, model="cnn", device="cuda", level="D2", amp=amp)
+    ref = run_job("reference", env_per_rank=[d2], **options)
+    assert run_job("easyscale", procs=2, backend="gloo", env_per_rank=[d2, d2], **options) == ref
 
 
 @pytest.mark.gpu

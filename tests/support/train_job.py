@@ -189,12 +189,25 @@ SEED = 7  # the job seed: shuffling and per-sample augmentation
 
 
 DEVICE = torch.device("cpu")
+AUTOCAST = None  # --amp's dtype: forward passes run under torch.autocast
+SCALER = torch.amp.GradScaler("cpu", enabled=False)  # --amp fp16's loss scaling; disabled it changes nothing
 
 
 def loss_of(model, batch):
     x, y = (t.to(DEVICE) for t in batch[:2])
-    out = model(x)
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    with torch.autocast(DEVICE.type, dtype=AUTOCAST, enabled=AUTOCAST is not None):
+        out = model(x)
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def backward(loss):
+    SCALER.scale(loss).backward()
+
+
+def optimizer_step(opt):
+    SCALER.step(opt)  # skipped where the (reduced) gradients hold an inf or a NaN
+    SCALER.update()
+    opt.zero_grad()
 
 
 def state_hash(model, opt):
@@ -202,6 +215,8 @@ def state_hash(model, opt):
     for name, t in list(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    if SCALER.is_enabled():
+        h.update(repr(SCALER.get_scale()).encode())
     for pid, st in sorted(opt.state_dict()["state"].items()):
         for k, v in sorted(st.items()):
             h.update(f"{pid}.{k}".encode())
@@ -238,10 +253,9 @@ def run_loop(args, model, data, opt, replicas, rank):
             micro += 1
             sync = micro % args.accumulate == 0
             with contextlib.nullcontext() if sync else model.no_sync():
-                loss_of(model, batch).backward()
+                backward(loss_of(model, batch))
             if sync:
-                opt.step()
-                opt.zero_grad()
+                optimizer_step(opt)
 
 
 def batches_for(data, n, v, epoch, batch_size, step):
@@ -281,7 +295,7 @@ def run_reference(args, model, data, opt):
                         b.copy_(s)
                 for p, g in zip(model.parameters(), pending[v]):
                     p.grad = g
-                loss_of(model, batches_for(data, n, v, epoch, args.batch, step)).backward()
+                backward(loss_of(model, batches_for(data, n, v, epoch, args.batch, step)))
                 pending[v] = [p.grad for p in model.parameters()]
                 states[v] = capture()
                 if v == 0:
@@ -298,8 +312,7 @@ def run_reference(args, model, data, opt):
                     continue
                 p.grad = tree_sum([(g[i] if g[i] is not None else torch.zeros_like(p)) * scale for g in pending])
             pending = [[None] * len(pending[0]) for _ in range(n)]
-            opt.step()
-            opt.zero_grad()
+            optimizer_step(opt)
 
 
 def run_easyscale(args, model, data, opt):
@@ -413,11 +426,10 @@ def run_easyscale(args, model, data, opt):
                 sync = (step + 1) % args.accumulate == 0
                 with contextlib.nullcontext() if sync else ddp.no_sync():
                     for batch in ddp.workers(step_batches):
-                        loss_of(ddp, batch).backward()
+                        backward(loss_of(ddp, batch))
                         killed_here(step + 1, "mid")
                 if sync:
-                    opt.step()
-                    opt.zero_grad()
+                    optimizer_step(opt)
                     if sched is not None:
                         sched.step()
                 step += 1
@@ -541,6 +553,8 @@ def main():
     ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
     ap.add_argument("--sync-bn", type=int, default=0, help="convert BatchNorm to SyncBatchNorm (an error case)")
+    ap.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                    help="forward under torch.autocast at this dtype; fp16 also scales the loss (GradScaler)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # conv weight gradients change bits with the thread count
     if args.level != "D0" and args.mode != "easyscale":
@@ -548,8 +562,10 @@ def main():
     if args.torchrun:
         args.rank, args.procs = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         args.init = "env://"
-    global DEVICE
+    global DEVICE, AUTOCAST, SCALER
     DEVICE = torch.device(args.device)
+    AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    SCALER = torch.amp.GradScaler(DEVICE.type, enabled=args.amp == "fp16")
     if DEVICE.type == "cuda":
         torch.cuda.manual_seed_all(0)
     if args.torchrun:

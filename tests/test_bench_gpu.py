@@ -1,0 +1,44 @@
+"""bench/bench_gpu.py, the GPU figures' script, checked where there is no GPU: it refuses clearly and at once, and
+its timing and profiling code runs end to end on the CPU, so that a GPU machine's few minutes are not spent on
+finding its bugs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "bench_gpu.py")
+
+
+def bench_gpu(*args, timeout=600):
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")
+def test_without_a_gpu_it_says_so_and_what_to_do():
+    out = bench_gpu("--parts", "hashes")
+    assert out.returncode != 0
+    assert "needs a CUDA GPU" in out.stderr and "--device cpu" in out.stderr
+
+
+def test_unknown_parts_are_named():
+    out = bench_gpu("--device", "cpu", "--parts", "hashes,speed")
+    assert out.returncode != 0 and "unknown --parts ['speed']" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
+    result = tmp_path / "out.json"
+    out = bench_gpu("--device", "cpu", "--parts", "ddp,profile", "--models", "transformer", "--rounds", "1",
+                    "--steps", "1", "--batch", "1", "--json", str(result))
+    assert out.returncode == 0, out.stderr
+    found = json.loads(result.read_text())
+    timed = found["ddp"]["transformer"]
+    assert set(timed) == {"float32", "bfloat16", "float16"}
+    assert all(v["step_s"] > 0 for by_variant in timed.values() for v in by_variant.values())
+    assert set(found["profile"]) == {"D0", "D1"} and all(p["top"] for p in found["profile"].values())
