@@ -46,18 +46,28 @@ VARIANTS = ("torch DDP", "EasyScaleDDP N=1", "accumulation x4", "EasyScaleDDP N=
 
 
 def hashes(models, device, **extra):
-    """{model: {placement: SHA-256 or 'failed: ...'}} after D2 training."""
+    """{model: {placement: SHA-256 or 'failed: ...'}} after D2 training, and {model: [[tensor, SHA-256], ...]} of
+    the reference's final state, so that two GPUs' differing hashes name the first tensor that differs."""
+    import tempfile
+
     from easyscale_ext import determinism
     from support.jobs import run_job
 
     env = determinism.environment("D2")
     options = dict(n=4, device=device, level="D2", steps=5, batch=8, backend="gloo", **extra)
+    tensors = {}
 
     def one(model, placement):
         procs = PLACEMENTS[placement]
-        mode = "reference" if placement == "reference" else "easyscale"
         try:
-            return run_job(mode, procs=procs, env_per_rank=[env] * procs, model=model, **options)
+            if placement != "reference":
+                return run_job("easyscale", procs=procs, env_per_rank=[env] * procs, model=model, **options)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "tensors.json")
+                found = run_job("reference", env_per_rank=[env], model=model, tensor_hashes=path, **options)
+                with open(path) as f:
+                    tensors[model] = json.load(f)
+                return found
         except Exception as error:  # a placement that fails is a finding: record it, go on with the others
             return f"failed: {str(error)[-600:]}"
 
@@ -67,7 +77,15 @@ def hashes(models, device, **extra):
     out = {m: {} for m in models}
     for (m, p), h in zip(jobs, found):
         out[m][p] = h
-    return out
+    return out, tensors
+
+
+def first_difference(ours, theirs):
+    """The first tensor, in the state hash's order, whose SHA-256 differs between two runs' tensor lists."""
+    for (name, mine), (other_name, other) in zip(ours, theirs):
+        if name != other_name or mine != other:
+            return name
+    return None
 
 
 def print_hashes(title, found):
@@ -276,7 +294,7 @@ def main():
     ap.add_argument("--level", default="D0")
     ap.add_argument("--batch", type=int, default=0, help="samples per (virtual) worker in the ddp, profile and "
                     "levels parts (default: 32 images for ResNet-50, 64 for the conv net, 32 sequences)")
-    ap.add_argument("--models", default="", help="only these of the ddp and levels parts' models (comma-separated)")
+    ap.add_argument("--models", default="", help="only these of the hashes, ddp and levels parts' models (comma-separated)")
     args = ap.parse_args()
     chosen = set(filter(None, args.models.split(",")))
 
@@ -309,7 +327,9 @@ def main():
 
     if "hashes" in parts:
         started = time.time()
-        took = done("hashes", hashes(HASH_MODELS, args.device), started)
+        found, tensors = hashes(only(HASH_MODELS), args.device)
+        result["tensors"] = tensors
+        took = done("hashes", found, started)
         print_hashes(f"D2 hashes on {name} {took}:", result["hashes"])
     if args.compare and "hashes" in result:
         with open(args.compare) as f:
@@ -319,6 +339,9 @@ def main():
             theirs = other.get("hashes", {}).get(model, {})
             same = [p for p in found if theirs.get(p) == found[p]]
             print(f"  {model:12s} equal in {len(same)} of {len(found)} placements ({', '.join(same) or 'none'})")
+            if len(same) < len(found) and model in other.get("tensors", {}) and model in result["tensors"]:
+                first = first_difference(result["tensors"][model], other["tensors"][model])
+                print(f"  {'':12s} the first tensor that differs: {first}")
     if "ddp" in parts:
         started = time.time()
         took = done("ddp", against_torch(only(TORCH_MODELS), args.rounds, args.steps, args.device, args.batch), started)
@@ -327,7 +350,7 @@ def main():
     if "amp" in parts:
         for precision, flag in (("bfloat16", "bf16"), ("float16", "fp16")):
             started = time.time()
-            took = done(f"hashes {precision}", hashes(AMP_MODELS, args.device, amp=flag), started)
+            took = done(f"hashes {precision}", hashes(AMP_MODELS, args.device, amp=flag)[0], started)
             print_hashes(f"D2 hashes under {precision} autocast on {name} {took}:", result[f"hashes {precision}"])
     if "profile" in parts:
         started = time.time()

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import faulthandler
 import hashlib
+import json
 import os
 import random
 import signal
@@ -210,17 +211,25 @@ def optimizer_step(opt):
     opt.zero_grad()
 
 
+def state_entries(model, opt):
+    """(name, bytes) of the model's state, then of the optimizer's: what the state hash covers, in its order."""
+    ours = [(name, t.detach().contiguous().cpu().numpy().tobytes()) for name, t in model.state_dict().items()]
+    theirs = [(f"{pid}.{k}", v.cpu().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+              for pid, st in sorted(opt.state_dict()["state"].items()) for k, v in sorted(st.items())]
+    return ours, theirs
+
+
 def state_hash(model, opt):
     h = hashlib.sha256()
-    for name, t in list(model.state_dict().items()):
+    ours, theirs = state_entries(model, opt)
+    for name, data in ours:
         h.update(name.encode())
-        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        h.update(data)
     if SCALER.is_enabled():
         h.update(repr(SCALER.get_scale()).encode())
-    for pid, st in sorted(opt.state_dict()["state"].items()):
-        for k, v in sorted(st.items()):
-            h.update(f"{pid}.{k}".encode())
-            h.update(v.cpu().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+    for name, data in theirs:
+        h.update(name.encode())
+        h.update(data)
     return h.hexdigest()
 
 
@@ -553,6 +562,7 @@ def main():
     ap.add_argument("--log-samples", default="", help="append 'epoch step vrank ids' lines here")
     ap.add_argument("--mismatch-n", type=int, default=0, help="rank 1 passes N+1 (an error case)")
     ap.add_argument("--sync-bn", type=int, default=0, help="convert BatchNorm to SyncBatchNorm (an error case)")
+    ap.add_argument("--tensor-hashes", default="", help="FILE: rank 0 writes each state tensor's SHA-256 here")
     ap.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                     help="forward under torch.autocast at this dtype; fp16 also scales the loss (GradScaler)")
     args = ap.parse_args()
@@ -587,6 +597,9 @@ def main():
     if finished and rank == 0:
         with open(args.out, "w") as f:
             f.write(state_hash(model, opt))
+    if finished and rank == 0 and args.tensor_hashes:  # where two hashes differ, which tensor differs first
+        with open(args.tensor_hashes, "w") as f:
+            json.dump([[name, hashlib.sha256(data).hexdigest()] for name, data in sum(state_entries(model, opt), [])], f)
     if finished and args.buffers_out:  # every process's own buffers (BatchNorm's running statistics)
         with open(f"{args.buffers_out}.{rank}", "w") as f:
             f.write(hashlib.sha256(b"".join(b.detach().cpu().numpy().tobytes() for b in model.buffers())).hexdigest())
