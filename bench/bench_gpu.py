@@ -255,9 +255,16 @@ def child_profile(level, device, batch):
     with profile(activities=activities) as prof:
         step()
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
-    total = sum(getattr(e, key) for e in events)
-    return {"total_us": total, "top": [[e.key, e.count, getattr(e, key)] for e in events[:15]]}
+    events = prof.key_averages()
+    by_device = sorted(events, key=lambda e: getattr(e, key), reverse=True)
+    by_host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    # Host calls that wait for the device: where a step's host time stops overlapping its device time.
+    waits = [[e.key, e.count, e.self_cpu_time_total] for e in events
+             if "Synchronize" in e.key or e.key in ("cudaMemcpyAsync", "aten::item", "aten::_local_scalar_dense")]
+    return {"total_us": sum(getattr(e, key) for e in events),
+            "top": [[e.key, e.count, getattr(e, key)] for e in by_device[:15]],
+            "host_total_us": sum(e.self_cpu_time_total for e in events),
+            "host_top": [[e.key, e.count, e.self_cpu_time_total] for e in by_host[:15]], "waits": waits}
 
 
 def in_children(child, levels, rounds, steps, device, batch, models=()):
@@ -361,6 +368,9 @@ def main():
             print(f"  {level}: {prof['total_us'] / 1e3:.1f} ms in all")
             for kernel, count, us in prof["top"]:
                 print(f"    {us / 1e3:8.2f} ms {count:5d}x  {kernel[:100]}")
+            print(f"  {level}: {prof['host_total_us'] / 1e3:.1f} ms of host time; the most, then the waits:")
+            for op, count, us in prof["host_top"] + prof["waits"]:
+                print(f"    {us / 1e3:8.2f} ms {count:5d}x  {op[:100]}")
     if "levels" in parts:
         started = time.time()
         took = done("levels", levels(only(LEVEL_MODELS), args.rounds, args.steps, args.device, args.batch), started)
