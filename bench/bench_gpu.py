@@ -147,8 +147,8 @@ def timed(step, steps, device):
     return statistics.median(times), peak
 
 
-def one_variant(name, variant, dtype, steps, device, batch, level="D0"):
-    """(median step seconds, peak bytes) of one model trained by one variant at one precision."""
+def training_step(name, variant, dtype, device, batch, level="D0"):
+    """One training step (optimizer step included) of one model by one variant at one precision, as a function."""
     from torch.nn.parallel import DistributedDataParallel
 
     import easyscale_ext as es
@@ -176,7 +176,12 @@ def one_variant(name, variant, dtype, steps, device, batch, level="D0"):
         scaler.update()
         opt.zero_grad()
 
-    return timed(step, steps, device)
+    return step
+
+
+def one_variant(name, variant, dtype, steps, device, batch, level="D0"):
+    """(median step seconds, peak bytes) of one model trained by one variant at one precision."""
+    return timed(training_step(name, variant, dtype, device, batch, level), steps, device)
 
 
 def release(device):
@@ -235,25 +240,14 @@ def child_profile(level, device, batch):
     """The device kernels (CPU ops on a CPU) with the most self time in one transformer step at `level`."""
     from torch.profiler import ProfilerActivity, profile
 
-    import easyscale_ext as es
-
-    model, x, y = make("transformer", batch)
-    model, x, y = model.to(device), x.to(device), y.to(device)
-    ddp = es.EasyScaleDDP(model, virtual_world_size=4, determinism_level=level)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-
-    def step():
-        for xb, yb in ddp.workers([(v, (x, y)) for v in range(4)]):
-            loss_of(ddp, xb, yb, None).backward()
-        opt.step()
-        opt.zero_grad()
-        sync(device)
-
+    step = training_step("transformer", "EasyScaleDDP N=4", None, device, batch, level)
     for _ in range(3):
         step()
+    sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         step()
+        sync(device)
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
     by_device = sorted(events, key=lambda e: getattr(e, key), reverse=True)
