@@ -43,6 +43,7 @@ LEVELS = ("D0", "D1", "D2")
 TORCH_MODELS = ("resnet50", "transformer")
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VARIANTS = ("torch DDP", "EasyScaleDDP N=1", "accumulation x4", "EasyScaleDDP N=4")
+WARMUP = 3  # untimed steps before each measurement (--warmup)
 
 
 def hashes(models, device, **extra):
@@ -131,17 +132,17 @@ def sync(device):
 
 
 def timed(step, steps, device):
-    """Median seconds of `step` over `steps` calls after three warm-up calls, and the peak memory allocated
+    """Median seconds of `step` over `steps` calls after WARMUP untimed ones, and the peak memory allocated
     on the device since the warm-up began (model and optimizer state included)."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
-    for i in range(steps + 3):
+    for i in range(steps + WARMUP):
         sync(device)
         start = time.perf_counter()
         step()
         sync(device)
-        if i >= 3:
+        if i >= WARMUP:
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
     return statistics.median(times), peak
@@ -241,7 +242,7 @@ def child_profile(level, device, batch):
     from torch.profiler import ProfilerActivity, profile
 
     step = training_step("transformer", "EasyScaleDDP N=4", None, device, batch, level)
-    for _ in range(3):
+    for _ in range(WARMUP):
         step()
     sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -270,7 +271,7 @@ def in_children(child, levels, rounds, steps, device, batch, models=()):
         for level in levels:
             env = dict(os.environ, **determinism.environment(level))
             out = subprocess.run([sys.executable, __file__, "--child", child, "--level", level, "--steps", str(steps),
-                                  "--device", device, "--batch", str(batch), "--models", ",".join(models)],
+                                  "--device", device, "--batch", str(batch), "--warmup", str(WARMUP), "--models", ",".join(models)],
                                  env=env, capture_output=True, text=True)
             if out.returncode:
                 raise RuntimeError(f"the {level} process failed:\n{out.stderr[-3000:]}")
@@ -284,6 +285,7 @@ def levels(models, rounds, steps, device, batch):
 
 
 def main():
+    global WARMUP
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--compare", help="another GPU's --json: compare its hashes with this one's")
@@ -293,10 +295,12 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--child", choices=["levels", "profile"])
     ap.add_argument("--level", default="D0")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps before each measurement")
     ap.add_argument("--batch", type=int, default=0, help="samples per (virtual) worker in the ddp, profile and "
                     "levels parts (default: 32 images for ResNet-50, 64 for the conv net, 32 sequences)")
     ap.add_argument("--models", default="", help="only these of the hashes, ddp and levels parts' models (comma-separated)")
     args = ap.parse_args()
+    WARMUP = args.warmup
     chosen = set(filter(None, args.models.split(",")))
 
     def only(models):

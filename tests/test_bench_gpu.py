@@ -35,7 +35,7 @@ def test_unknown_parts_are_named():
 def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     result = tmp_path / "out.json"
     out = bench_gpu("--device", "cpu", "--parts", "ddp,profile", "--models", "transformer", "--rounds", "1",
-                    "--steps", "1", "--batch", "1", "--json", str(result))
+                    "--steps", "1", "--batch", "1", "--warmup", "0", "--json", str(result))
     assert out.returncode == 0, out.stderr
     found = json.loads(result.read_text())
     timed = found["ddp"]["transformer"]
