@@ -41,7 +41,11 @@ float median_ms(F run) {
 
 template <int64_t BlockBytes>
 void row(const std::vector<es::device::CopyJob>& jobs, int64_t total, float memcpy_ms) {
-  const float ms = median_ms([&] { check(es::device::enqueue_batched_copies<BlockBytes>(jobs, nullptr)); });
+  const float ms = median_ms([&] {
+    es::device::BatchedCopies<BlockBytes> batched(nullptr);
+    for (const auto& job : jobs) check(batched.add(job));
+    check(batched.flush());
+  });
   std::printf("%9lld KiB %9.3f ms %9.1f GB/s %6.1f %%\n", static_cast<long long>(BlockBytes / 1024), ms,
               total / ms / 1e6, 100.0 * memcpy_ms / ms);
 }

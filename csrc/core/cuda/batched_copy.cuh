@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
-#include <vector>
 
 #include "../device_backend.h"
 
@@ -71,33 +70,36 @@ __global__ void batched_copy_kernel(CopyBatch batch) {
   else copy_slice<char>(dst, src, begin, end);
 }
 
-// Enqueues every copy on `stream`, kBatch copies a launch; the first launch
-// error, if any.
+// Enqueues copies on a stream, kBatch copies a launch: add() each, then
+// flush() the rest. Each returns the launch's error, if it launched.
 template <int64_t BlockBytes>
-cudaError_t enqueue_batched_copies(const std::vector<CopyJob>& jobs, cudaStream_t stream) {
-  CopyBatch batch{};
-  auto flush = [&] {
-    if (batch.count == 0) return cudaSuccess;
-    if (batch.first_block[batch.count] > std::numeric_limits<int>::max())
-      throw std::invalid_argument("context copy: a buffer of over 32 TiB");
-    batched_copy_kernel<BlockBytes><<<batch.first_block[batch.count], kCopyThreads, 0, stream>>>(batch);
-    batch.count = 0;
-    return cudaGetLastError();
-  };
-  for (const CopyJob& job : jobs) {
-    if (job.bytes == 0) continue;
-    const int j = batch.count++;
-    batch.dst[j] = job.dst;
-    batch.src[j] = job.src;
-    batch.bytes[j] = job.bytes;
-    batch.first_block[j + 1] = batch.first_block[j] + (job.bytes + BlockBytes - 1) / BlockBytes;
-    if (batch.count == kBatch) {
-      const cudaError_t err = flush();
-      if (err != cudaSuccess) return err;
-    }
+class BatchedCopies {
+ public:
+  explicit BatchedCopies(cudaStream_t stream) : stream_(stream) {}
+
+  cudaError_t add(const CopyJob& job) {
+    if (job.bytes == 0) return cudaSuccess;
+    const int j = batch_.count++;
+    batch_.dst[j] = job.dst;
+    batch_.src[j] = job.src;
+    batch_.bytes[j] = job.bytes;
+    batch_.first_block[j + 1] = batch_.first_block[j] + (job.bytes + BlockBytes - 1) / BlockBytes;
+    return batch_.count == kBatch ? flush() : cudaSuccess;
   }
-  return flush();
-}
+
+  cudaError_t flush() {
+    if (batch_.count == 0) return cudaSuccess;
+    if (batch_.first_block[batch_.count] > std::numeric_limits<int>::max())
+      throw std::invalid_argument("context copy: a buffer of over 32 TiB");
+    batched_copy_kernel<BlockBytes><<<batch_.first_block[batch_.count], kCopyThreads, 0, stream_>>>(batch_);
+    batch_.count = 0;
+    return cudaGetLastError();
+  }
+
+ private:
+  cudaStream_t stream_;
+  CopyBatch batch_{};
+};
 
 }  // namespace device
 }  // namespace es

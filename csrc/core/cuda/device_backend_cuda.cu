@@ -61,14 +61,14 @@ void release(Location where, void* ptr, int device) {
 void copy_async(const std::vector<CopyJob>& jobs, bool device_to_device, int device, void* stream) {
   DeviceGuard guard(device);
   auto s = static_cast<cudaStream_t>(stream);
-  std::vector<CopyJob> batched;  // the rest: launches of the batched copy kernel
+  BatchedCopies<kBlockBytes> batched(s);  // the rest: launches of the batched copy kernel
   for (const CopyJob& job : jobs) {
     if (!device_to_device && job.bytes >= kEngineCopyBytes)
       check(cudaMemcpyAsync(job.dst, job.src, job.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
     else
-      batched.push_back(job);
+      check(batched.add(job), "batched copy launch");
   }
-  check(enqueue_batched_copies<kBlockBytes>(batched, s), "batched copy launch");
+  check(batched.flush(), "batched copy launch");
 }
 
 void copy_sync(void* dst, const void* src, int64_t bytes, int device) {
