@@ -213,7 +213,8 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
                            suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
                            start_weight=costs["start_weight"], training_weight=costs["training_weight"],
                            rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
-                           completion_poll_s=1.0)  # the scheduler looks for ended jobs each second
+                           completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
+                           reported_steps=steps)  # it learns a job runs, and its share done, from step reports
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config,
                     costs=runtime)
 

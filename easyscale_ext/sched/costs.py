@@ -29,3 +29,8 @@ class RuntimeCosts:
     arrival_lag_s: float = 0.0  # with rounds_at_arrivals: that round decides this long after the arrival (the
     # scheduler records the submission first), so the new job is that old to the policy (Pollux's restart factor
     # is 0 at age 0)
+    reported_steps: int = 0  # a job runs this many equal steps over its length, reporting each when done (cluster
+    # mode's jobs): the policy knows its share done as of its last report and sees a job given GPUs as reallocating
+    # until it reported a step on them, as cluster mode's scheduler does (sched.live), and a job leaves GPUs in place
+    # when its step in flight ends; 0: the policy knows its progress at every moment, and that it runs from the end
+    # of its modelled start, and changes in place take effect at once

@@ -4,8 +4,9 @@ The scheduler keeps, for each job of the cluster, the job model a simulation of 
 and before each round brings it to what the real job did: time passes for it as in the simulator (its
 GPU-seconds of service, its agent's observations on the profiles), then its progress becomes the real job's
 share of steps done, and the ratio of its measured step time to the modelled one becomes its slowdown. A job
-given slots is reallocating (its processes start, or its joiners prepare) until the real job runs on them, as a
-simulated one is for its modelled start. So a policy reads the same models, with the same fields, in both drivers.
+given slots is reallocating (its processes start, or its joiners prepare) until the real job reports a step on
+them, as a simulated one is until its modelled first step there (RuntimeCosts.reported_steps). So a policy reads the
+same models, with the same fields, in both drivers.
 """
 import math
 from typing import Optional

@@ -101,7 +101,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
         job.per_type_batch = config.per_type_batch
         job.per_type_fit = policy.per_type_models
     for job in jobs:
-        job.exit_s, job.exit_weight = costs.exit_s, costs.exit_weight
+        job.exit_s, job.exit_weight, job.reported_steps = costs.exit_s, costs.exit_weight, costs.reported_steps
     run = SimulatedCluster(jobs, policy, cluster, config, costs, progress)
     rounds.run(run, policy)
     return Result(policy.name, cluster.spec, dict(asdict(config), **asdict(costs)),
@@ -184,8 +184,9 @@ class SimulatedCluster:
             delay = reallocation_cost(job, old, alloc, cluster, config, self.in_place) if alloc else 0.0
             wait = costs.suspend_s if suspended.keys() & change.gained.keys() else 0.0  # until the preempted left
             prepare = costs.join_s + wait
-            if self.in_place and old and alloc and prepare and change.gained:
-                job.allocate_after(cluster.groups(alloc), delay, prepare)  # joiners start first
+            if self.in_place and old and alloc and (prepare and change.gained or costs.reported_steps):
+                gained = sum(change.gained.values())  # joiners start first; the change waits for the step in flight
+                job.allocate_after(cluster.groups(alloc), delay, prepare if gained else 0.0, gained)
             else:
                 job.allocate(cluster.groups(alloc), delay + wait, starts=not (self.in_place and old))
             _close(self.segments, self.opened, name, now)

@@ -196,6 +196,18 @@ def test_processes_that_join_in_place_prepare_while_the_job_trains_as_before(app
     assert end(GrowAt(at=60, gpus=(2, 1)), join_s=30) == end(GrowAt(at=60, gpus=(2, 1)))
 
 
+def test_a_job_that_reports_by_steps_leaves_gpus_in_place_at_its_next_step_boundary(apps):
+    """`reported_steps`: a shrink in place takes effect when the step in flight ends (cluster mode's members leave
+    at a step boundary), the job training on all its GPUs until then."""
+    spec = JobSpec("a", 0, 1, "cifar10", 128, epochs=8)
+
+    def end(at, **timing):
+        return simulate([spec], GrowAt(at=at, gpus=(2, 1)), Cluster.parse("1x2"), apps,
+                        SimConfig(start_s=0, in_place_s=0), costs=RuntimeCosts(**timing)).jobs[0]["completion"]
+
+    assert end(1e9) < end(60, reported_steps=4) < end(60)
+
+
 class Newest(Policy):
     """The newest job takes the one GPU (a preemption of the one before)."""
     name = "newest"
@@ -240,6 +252,34 @@ def test_a_preempted_job_is_out_of_the_policys_sight_until_it_has_left_and_its_l
     # a leaves from 30 to 34.5, b (preempted by c) from 32 to 36.5: each is shown again at the next look
     assert policy.shown[:5] == [(0, ["a"]), (30, ["a", "b"]), (32, ["b", "c"]), (35, ["a", "c"]),
                                 (37, ["a", "b", "c"])]
+
+
+class Reading(Newest):
+    """Newest, recording what it reads of the newest job each round: whether it is reallocating, its share done."""
+
+    def __init__(self):
+        self.read = []
+
+    def optimize(self, now, jobs, cluster, allocations):
+        job = list(jobs)[-1]
+        self.read.append((now, job.reallocating, job.done))
+        return super().optimize(now, jobs, cluster, allocations)
+
+
+def test_a_job_that_reports_by_steps_is_reallocating_until_its_first_report_and_done_by_whole_steps():
+    """`reported_steps`: as cluster mode's scheduler, the policy learns that a job runs on its GPUs from its first
+    step's report there, and its share done as of its last report; without it, at the end of its modelled start and
+    at every moment."""
+    def read(**timing):
+        policy = Reading()
+        simulate([JobSpec("a", 0, 1, duration=100)], policy, Cluster.parse("1x1"), None,
+                 SimConfig(round_s=10, start_s=10), costs=RuntimeCosts(**timing))
+        return policy.read[1:6]  # rounds at 10 ... 50: it started at 0, trained from 10
+
+    assert read() == [(10, False, 0.0), (20, False, 0.1), (30, False, 0.2), (40, False, 0.3), (50, False, 0.4)]
+    # steps of 25 s: the first report, 25 s into its training, at 35
+    assert read(reported_steps=4) == [(10, True, 0.0), (20, True, 0.0), (30, True, 0.0), (40, False, 0.25),
+                                      (50, False, 0.25)]
 
 
 def test_a_round_at_an_arrival_decides_after_the_schedulers_lag(apps):

@@ -45,7 +45,11 @@ class EasyScaleJob(VirtualWorkerJob):
         super().__init__(spec, app)
         self.data, self.speed_source = data, speed_source
         self.epochs = spec.epochs or app.epochs  # no cap: the artifact trains what the workload says
-        self.total_samples = self.epochs * EPOCH_SHARE * DATASET_SAMPLES[app.name]
+
+    @property
+    def length(self) -> float:
+        """Samples it trains."""
+        return self.epochs * EPOCH_SHARE * DATASET_SAMPLES[self.app.name]
 
     @property
     def model(self) -> str:
@@ -67,13 +71,16 @@ class EasyScaleJob(VirtualWorkerJob):
         sizes, waste = balanced_split(self.spec.virtual_workers, [compute[t] for t in types])
         return max(k * compute[t] for k, t in zip(sizes, types)), waste
 
+    def _rate(self) -> float:
+        return self.spec.batch_size / self.iteration_time()  # samples per second
+
     def _work(self, now, seconds):
-        rate = self.spec.batch_size / self.iteration_time()  # samples per second
-        need = self.total_samples - self.progress
+        rate = self._rate()
+        need = self.length - self.progress
         if rate * seconds < need:
             self.progress += rate * seconds
             return seconds
-        self.progress = self.total_samples
+        self.progress = self.length
         self.completion = now + need / rate
         return need / rate
 

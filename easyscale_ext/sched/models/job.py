@@ -8,12 +8,21 @@ for: it runs on exactly those.
 """
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 from ...placement import optimal_split
 
 from . import goodput
 from .efficiency import gain
 from .throughput import fit_perf_params
+
+
+class Joining(NamedTuple):
+    groups: dict  # what it changes to
+    delay: float  # then its pause
+    prepare_left: float  # seconds its new processes still prepare, at full speed
+    wait_left: float  # then seconds until its step in flight ends
+    gained: int  # GPUs it holds meanwhile beyond its current ones
 
 
 class Job:
@@ -29,11 +38,14 @@ class Job:
         self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
         self.exit_weight = 0.0  # with n processes, that takes exit_s * n ** exit_weight
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
-        self.joining = None  # (groups, pause, seconds left): new processes preparing to join (allocate_after)
+        self.joining = None  # a Joining: an in-place change waiting for its new processes and its step (allocate_after)
+        self.report_at = 0.0  # its progress at its first report on its allocation (reported_steps)
         self.completion = None
         self.attained = 0.0  # GPU-seconds held
         self.run_s = 0.0  # seconds holding GPUs
         self.starts = 0
+
+    reported_steps = 0  # RuntimeCosts.reported_steps: the simulator sets it
 
     @property
     def num_gpus(self) -> int:
@@ -48,7 +60,8 @@ class Job:
         """The processes the job is starting now: all of them at its first start or a resume, the joiners while
         they prepare; 0 when none."""
         if self.joining is not None:
-            return max(sum(sum(p) for p in self.joining[0].values()) - self.num_gpus, 1)
+            joining = self.joining
+            return max(sum(sum(p) for p in joining.groups.values()) - self.num_gpus, 1) if joining.prepare_left else 0
         return self.num_gpus if self.delay_starts and self.delay_left > 0 else 0
 
     @property
@@ -60,14 +73,21 @@ class Job:
 
     @property
     def reallocating(self) -> bool:
-        """Its processes are (re)starting or its joiners preparing: a policy that leaves such a job be waits until
-        it runs on what it was given (in cluster mode, until the real job does: sched.live)."""
-        return self.delay_left > 0 or self.joining is not None
+        """Its processes are (re)starting or its joiners preparing, or (with reported_steps) it has not yet reported
+        a step on its allocation: a policy that leaves such a job be waits until it runs on what it was given (in
+        cluster mode, until the real job reports that it does: sched.live)."""
+        return self.delay_left > 0 or self.joining is not None or self.progress < self.report_at
+
+    @property
+    def done(self) -> float:
+        """Its share of its length done, as of its last report: with reported_steps, a whole number of steps."""
+        share = self.progress / self.length
+        return math.floor(share * self.reported_steps + 1e-9) / self.reported_steps if self.reported_steps else share
 
     @property
     def start_left(self) -> float:
         """Seconds of that start still to pass at full speed."""
-        return self.joining[2] if self.joining is not None else self.delay_left
+        return self.joining.prepare_left if self.joining is not None else self.delay_left
 
     def allocate(self, groups, delay, starts: bool = False):
         """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
@@ -83,27 +103,46 @@ class Job:
         if self.placement:
             self.starts += 1
             self._configure()
+            if self.reported_steps:  # its first report on these GPUs comes a step from now
+                self.report_at = self.progress + self.length / self.reported_steps
 
-    def allocate_after(self, groups, delay, prepare_s):
-        """Change in place to `groups` once the new processes have prepared (`prepare_s` seconds: they start
-        while the job trains on its current GPUs, holding the new ones), then pause `delay` seconds."""
-        self.joining = (groups, delay, prepare_s)
+    def allocate_after(self, groups, delay, prepare_s, gained=0):
+        """Change in place to `groups` once its `gained` new GPUs' processes have prepared (`prepare_s` seconds:
+        they start while the job trains on its current GPUs, holding the new ones, and join at a step boundary) or,
+        with none to prepare, once its step in flight has ended (with reported_steps); then pause `delay` seconds."""
+        self.joining = Joining(groups, delay, prepare_s, 0.0 if prepare_s else self._to_step_boundary(), gained)
 
     def advance(self, now, seconds, start_rate=1.0):
         """Let `seconds` pass from time `now`; a start in progress goes at `start_rate` of its full speed (the
         starts at once share the machine: RuntimeCosts.parallel_starts)."""
-        if self.joining is not None:
-            groups, delay, left = self.joining
-            first = min(left / start_rate, seconds)
+        while self.joining is not None:
+            groups, delay, left, wait, gained = self.joining
+            first = min(left / start_rate if left else wait, seconds)
             self._advance(now, first)
-            self.attained += first * (sum(sum(p) for p in groups.values()) - self.num_gpus)  # held, not yet used
-            left = _left(left, first * start_rate)
-            if left or self.completion is not None:
-                self.joining = (groups, delay, left) if self.completion is None else None
+            self.attained += first * gained  # held, not yet used
+            if self.completion is not None:
+                self.joining = None
                 return
-            self.allocate(groups, delay)
+            if left:
+                left = _left(left, first * start_rate)
+            else:
+                wait = _left(wait, first)
             now, seconds = now + first, seconds - first
+            self.joining = self.joining._replace(prepare_left=left, wait_left=wait)
+            if left or wait:
+                if seconds <= 0:
+                    return
+                continue
+            self.allocate(groups, delay)
         self._advance(now, seconds, start_rate)
+
+    def _to_step_boundary(self) -> float:
+        """Seconds until its step in flight ends, at its speed now (0 without reported_steps): an in-place change
+        waits for it."""
+        if not self.reported_steps or not self.placement:
+            return 0.0
+        step = self.length / self.reported_steps
+        return self.delay_left + ((math.floor(self.progress / step + 1e-9) + 1) * step - self.progress) / self._rate()
 
     def _advance(self, now, seconds, start_rate=1.0):
         if self.completion is not None or not self.placement:
@@ -131,6 +170,10 @@ class Job:
         """Progress for up to `seconds` from `now`; set `completion` if done. Returns the seconds used."""
         raise NotImplementedError
 
+    def _rate(self) -> float:
+        """Progress per second on its GPUs now."""
+        raise NotImplementedError
+
 
 def _left(seconds, spent):
     """What is left of `seconds` once `spent` has passed; none below float noise (a start that is over)."""
@@ -144,10 +187,17 @@ class TraceJob(Job):
         super().__init__(spec)
         self.progress = 0.0  # seconds run
 
+    @property
+    def length(self) -> float:
+        return self.spec.duration
+
     def _configure(self):
         if self.num_gpus != self.spec.num_gpus:
             raise ValueError(f"{self.name} is a trace job that runs on exactly {self.spec.num_gpus} GPUs, "
                              f"not {self.num_gpus}")
+
+    def _rate(self) -> float:
+        return 1.0
 
     def _work(self, now, seconds):
         used = min(seconds, self.spec.duration - self.progress)
@@ -186,6 +236,10 @@ class AppJob(Job):
     # to whatever it measured (Pollux's agent, unaware of types)
     per_type_batch = False  # bound its per-GPU batch by each GPU type's own profile, not the T4's (Sia's artifact)
     micro_batch = None  # fixed by the job (virtual workers'), else chosen per configuration
+
+    @property
+    def length(self) -> float:
+        return self.app.noise.progress_at(self.epochs)
 
     def max_local_bsz_on(self, gpu_type) -> int:
         """The largest per-GPU batch the job may run on `gpu_type` (None: several types, the T4's bound)."""
@@ -270,14 +324,18 @@ class AppJob(Job):
             step, sync = (step - sync) * compute + sync * exchange, sync * exchange
         return step + self.accum_steps * (step - sync)
 
+    def _rate(self) -> float:
+        batch = self.global_batch
+        grad = self.app.noise.grad_stats(batch, self.epoch)
+        rate = float(gain(*grad, batch / self.app.init_batch_size)) / self.iteration_time() / self.slowdown
+        if self.freezing is not None:
+            rate *= self.freezing_factors()[2]  # the frozen penalty: a frozen iteration makes less progress
+        return rate
+
     def _work(self, now, seconds):
         app, used = self.app, 0.0
         while True:
-            batch = self.global_batch
-            grad = app.noise.grad_stats(batch, self.epoch)
-            rate = float(gain(*grad, batch / app.init_batch_size)) / self.iteration_time() / self.slowdown
-            if self.freezing is not None:
-                rate *= self.freezing_factors()[2]  # the frozen penalty: a frozen iteration makes less progress
+            rate = self._rate()
             need = app.noise.progress_at(self.epoch + 1) - self.progress
             if rate * (seconds - used) < need:
                 self.progress += rate * (seconds - used)

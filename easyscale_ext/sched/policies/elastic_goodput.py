@@ -128,6 +128,5 @@ class ElasticGoodputPolicy(SiaPolicy):
 def remaining_work(job):
     """GPU-seconds a job has left, extrapolated from what it held for its share done; None before it progresses
     (or for a job of unknown length)."""
-    app = getattr(job, "app", None)
-    done = job.progress / app.noise.progress_at(job.epochs) if app is not None else 0.0
+    done = job.done if getattr(job, "app", None) is not None else 0.0
     return job.attained * (1 - done) / done if 0 < done < 1 and job.attained > 0 else None
