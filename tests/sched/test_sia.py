@@ -8,7 +8,8 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.pollux import PolluxPolicy, _one_type, virtual_nodes
-from easyscale_ext.sched.policies.sia import SiaPolicy, gpu_counts, one_gpu_throughput
+from easyscale_ext.sched.policies import sia
+from easyscale_ext.sched.policies.sia import SiaPolicy, each_alone, gpu_counts, one_gpu_throughput
 from easyscale_ext.sched.simulator import simulate
 
 HETERO = Cluster.parse("1x4:t4,1x8:a100")
@@ -46,6 +47,31 @@ def test_integer_program_matches_brute_force(seed):
     costs = rng.uniform(-1.1, 0.5, len(options))
     chosen = SiaPolicy()._solve(2, options, costs, np.zeros(len(options), bool), capacity)
     assert cost_of(chosen, options, costs) == pytest.approx(brute_force(options, costs, capacity, 2))
+
+
+@pytest.mark.parametrize("offset", [0.0, -1e3])  # Sia's costs, elastic-goodput's
+@pytest.mark.parametrize("seed", range(6))
+def test_a_round_whose_jobs_each_have_a_clear_best_that_fits_is_the_solvers_answer_without_it(seed, offset,
+                                                                                                monkeypatch):
+    rng = np.random.default_rng(seed)
+    jobs = 6
+    options = [(j, ((t, g),)) for j in range(jobs) for t in ("t4", "a100") for g in (1, 2, 4, 8)]
+    costs = rng.uniform(-1.0, 0.3, len(options)) + offset
+    forced = np.zeros(len(options), bool)
+    forced[rng.integers(len(options))] = True
+    policy = SiaPolicy()
+    policy.offset = offset
+    for capacity, clear in (({"t4": 64, "a100": 64}, True), ({"t4": 4, "a100": 4}, False)):  # roomy, contended
+        alone = each_alone(options, costs, forced, capacity, offset)
+        assert (alone is not None) == clear
+        monkeypatch.setattr(sia, "each_alone", lambda *_: None)
+        solved = policy._solve(jobs, options, costs, forced, capacity)
+        monkeypatch.undo()
+        if clear:
+            assert sorted(alone) == sorted(solved)
+    tied = costs.copy()
+    tied[0] = tied[1] = costs[:8].min() - 0.5  # job 0's best two configurations alike: the solver's to break
+    assert each_alone(options, tied, np.zeros(len(options), bool), {"t4": 64, "a100": 64}, offset) is None
 
 
 @pytest.mark.parametrize("seed", range(4))

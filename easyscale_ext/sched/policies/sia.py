@@ -21,6 +21,7 @@ first: a job whose type and count are unchanged keeps its GPUs, one that fits on
 that holds it.
 """
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from .base import Policy, place
 MAX_GPUS = 64  # the artifact's cap on a job's GPUs
 CLIP = 3000.0  # the artifact's cap on a configuration's cost: a restart factor of 0 then only deters a change
 TINY = 1e-12
+CLEAR = 1e-6  # relative cost margin by which each_alone's choices must win
 EXACT_OPTIONS = 10_000  # configurations up to which the integer program is solved as it is (_solve)
 
 
@@ -174,10 +176,14 @@ class SiaPolicy(Policy):
         differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above EXACT_OPTIONS
         configurations the integer program is solved on its LP relaxation's terms: jobs the relaxation gives a
         whole configuration (or none) keep it, and an integer program of their own decides the few it splits (at
-        most a couple per GPU type), over all their options and the GPUs left.
+        most a couple per GPU type), over all their options and the GPUs left. A round in which each job has a clear
+        best choice and those fit together needs no solver (each_alone): its answer is the solver's.
         """
         if not options:
             return []
+        alone = each_alone(options, costs, forced, capacity, self.offset)
+        if alone is not None:
+            return alone
         if len(options) <= EXACT_OPTIONS:
             return [options[i] for i in np.flatnonzero(self._program(num_jobs, options, costs, forced, capacity) > 0.5)]
         x = self._program(num_jobs, options, costs, forced, capacity, integral=False)
@@ -232,6 +238,34 @@ class SiaPolicy(Policy):
             result[name] = sum((place(free, gpus, cluster.nodes_of(gpu_type), best_fit=True)
                                 for gpu_type, gpus in chosen[name]), ())
         return result
+
+
+def each_alone(options, costs, forced, capacity, offset=0.0) -> Optional[list]:
+    """The program's solution where it needs no solver: each job's forced configuration, else its least-cost one
+    where that costs less than no GPUs, when those fit every type's GPUs together and each job's choice is clear
+    (its best configuration, or none, beats the next by a margin far above HiGHS's tolerances). Then it is the
+    only optimum, the one HiGHS returns; else None. On a large cluster most rounds are such."""
+    coef = costs - offset  # as the program has them; no GPUs costs -offset (an idle variable) or 0 (none)
+    owner = np.fromiter((j for j, _ in options), int, len(options))
+    order = np.lexsort((coef, owner))
+    starts = np.flatnonzero(np.r_[True, owner[order][1:] != owner[order][:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    none, used, chosen = -offset, dict.fromkeys(capacity, 0), []
+    for start, end in zip(starts, ends):
+        group = order[start:end]
+        pinned = group[forced[group]]
+        if pinned.size:
+            best = pinned[0]
+        else:
+            ranked = sorted([none, *coef[group[:2]]])
+            if ranked[1] - ranked[0] <= CLEAR * max(1.0, abs(ranked[0])):
+                return None
+            best = group[0] if coef[group[0]] < none else None
+        if best is not None:
+            chosen.append(options[best])
+            for gpu_type, g in options[best][1]:
+                used[gpu_type] += g
+    return chosen if all(used[t] <= capacity[t] for t in capacity) else None
 
 
 def config_of(alloc, cluster) -> tuple:
