@@ -17,6 +17,7 @@ def torchrun(procs, *args, cwd):
                       cwd)
 
 
+@pytest.mark.slow  # 12 Trainer processes, each importing transformers: a minute or so
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_same_bits_on_1_2_and_4_processes_and_after_a_restart_on_another(tmp_path, accumulate):
     """With gradient_accumulation_steps=2 too: an optimizer step every two batches of the N virtual workers."""

@@ -17,6 +17,7 @@ def run(script, *args, cwd):
     return run_script([script, *args], cwd)
 
 
+@pytest.mark.slow  # 14 Lightning processes, each importing Lightning: a minute or two
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_same_bits_on_1_2_and_4_processes_and_after_a_restart_on_another(tmp_path, accumulate):
     """With accumulate_grad_batches=2 too: an optimizer step every two batches of the N virtual workers."""

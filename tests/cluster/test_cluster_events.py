@@ -10,11 +10,11 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import JOB, run_job
+from support.jobs import JOB, reference
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-LONG = dict(n=4, steps=50, epochs=2)  # 100 steps of >= 0.4 s: longer than the events below
+LONG = dict(n=4, steps=50, epochs=2)  # 100 steps of >= 0.4 s until the events below are over: longer than them
 SHORT = dict(n=2, steps=4, epochs=2)
 
 
@@ -26,8 +26,9 @@ def argv(out, events, n, steps, epochs, sleep):
 def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_path):
     a, b = cluster.node_ids()
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 1.0)
-    long_job = ray.get(scheduler.submit.remote(argv(tmp_path / "h0", tmp_path / "e0", sleep=0.4, **LONG), 4, 1, 2,
-                                               "long", ENV, "cifar10"))
+    seen = tmp_path / "seen"  # the long job's steps take 0.4 s until the events are over, then no longer than they need
+    long_job = ray.get(scheduler.submit.remote(argv(tmp_path / "h0", tmp_path / "e0", sleep=0.4, **LONG) + [
+        "--sleep-until", str(seen)], 4, 1, 2, "long", ENV, "cifar10"))
     log = []
 
     def nodes():
@@ -59,6 +60,7 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     wait("steps on both nodes", lambda: nodes() and (log[-1][-1] or 0) >= grown + 3)  # not mid-rendezvous
     cluster.remove_node(1)
     wait("recovery on the node left", lambda: set(nodes()) == {a})
+    seen.touch()
     short = [ray.get(scheduler.submit.remote(argv(tmp_path / f"h{i}", tmp_path / f"e{i}", sleep=0.1, **SHORT), 2,
                                              1, 2, f"short{i}", ENV, "cifar10")) for i in (1, 2)]
     deadline = time.monotonic() + 150
@@ -73,9 +75,8 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     assert [jobs[i]["state"] for i in [long_job, *short]] == ["finished"] * 3, log
     events = sorted({tuple(map(int, line.split()[1:3])) for line in (tmp_path / "e0").read_text().splitlines()})
     assert (1, 2) in events and (2, 1) in events, f"the long job's scale events (old, new): {events}"
-    assert (tmp_path / "h0").read_text() == run_job("reference", **LONG)
-    reference = run_job("reference", **SHORT)
-    assert [(tmp_path / f"h{i}").read_text() for i in (1, 2)] == [reference] * 2
+    assert (tmp_path / "h0").read_text() == reference(**LONG)
+    assert [(tmp_path / f"h{i}").read_text() for i in (1, 2)] == [reference(**SHORT)] * 2
     result = ray.get(scheduler.report.remote())
     assert sorted(r["name"] for r in result.jobs) == sorted([long_job, *short])
     assert max(result.timeline["gpus"]) <= 4

@@ -13,7 +13,7 @@ def test_the_manifest_matches_the_pinned_ray_and_offers_slots_on_workers_only():
     with open(os.path.join(ROOT, "examples", "kuberay-raycluster.yaml")) as f:
         manifest = yaml.safe_load(f)
     with open(os.path.join(ROOT, "requirements.txt")) as f:
-        pinned = re.search(r"^ray==(\S+)$", f.read(), re.M).group(1)
+        pinned = re.search(r"^ray(?:\[[^\]]*\])?==(\S+)$", f.read(), re.M).group(1)
     spec = manifest["spec"]
     assert manifest["kind"] == "RayCluster" and spec["rayVersion"] == pinned
     slots = lambda group: json.loads(json.loads(group["rayStartParams"]["resources"]))["easyscale_slot"]  # noqa

@@ -14,7 +14,7 @@ from easyscale_ext.cluster.backend import policy_view
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import JOB, run_job
+from support.jobs import JOB, reference
 from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
@@ -44,9 +44,12 @@ def job_argv(out, n, steps=4):
             "--steps", str(steps), "--step-sleep", "0.3"]
 
 
-def resumable_argv(out, n, ckpt, every):
-    """A 12-step job that checkpoints into `ckpt` every `every` steps (and when asked to leave) and resumes there."""
-    return job_argv(out, n, steps=12) + ["--ckpt-dir", str(ckpt), "--ckpt-every", str(every), "--resume", "1"]
+def resumable_argv(out, n, ckpt, every, sleep_until=None):
+    """A 12-step job that checkpoints into `ckpt` every `every` steps (and when asked to leave) and resumes there;
+    with `sleep_until`, its steps take their 0.3 s only until that file exists (the test has done what it waited
+    for: the rest need no more time than they take)."""
+    return job_argv(out, n, steps=12) + ["--ckpt-dir", str(ckpt), "--ckpt-every", str(every), "--resume", "1"] + (
+        ["--sleep-until", str(sleep_until)] if sleep_until else [])
 
 
 def step_of(job: dict) -> int:
@@ -103,7 +106,7 @@ def test_concurrent_submissions_share_no_slot_and_keep_their_bits(cluster, sched
         time.sleep(0.2)
     assert [j["state"] for j in jobs] == ["finished"] * 3, jobs
     for i, (n, _) in enumerate(specs):
-        assert (tmp_path / f"hash{i}").read_text() == run_job("reference", n=n, steps=4)
+        assert (tmp_path / f"hash{i}").read_text() == reference(n=n, steps=4)
     assert_holds_no_job(scheduler)
 
 
@@ -188,7 +191,7 @@ def test_a_restarted_scheduler_takes_its_running_job_back(cluster, tmp_path, by)
             time.sleep(0.2)
         assert state_of_job() == "finished"
         assert ray.get(second.__ray_call__.remote(lambda actor: os.getpid())) != pid  # another process
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+        assert (tmp_path / "hash").read_text() == reference(n=2, steps=12)
     finally:
         ray.kill(second)
 
@@ -215,7 +218,7 @@ def test_a_job_whose_first_placement_died_with_the_scheduler_starts_under_the_ne
             assert time.monotonic() < deadline, f"did not end: {now}"
             time.sleep(0.5)
         assert now["state"] == "finished"
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=4)
+        assert (tmp_path / "hash").read_text() == reference(n=2, steps=4)
     finally:
         stop(scheduler)
 
@@ -225,18 +228,19 @@ def test_a_job_whose_supervisor_is_lost_resumes_from_its_checkpoint_on_a_new_one
     job at once) and the job resumes from its newest checkpoint under a new supervisor, with its fixed-size bits."""
     scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
     try:
-        argv = resumable_argv(tmp_path / "hash", 2, tmp_path / "ckpt", 2)
+        argv = resumable_argv(tmp_path / "hash", 2, tmp_path / "ckpt", 2, sleep_until=tmp_path / "hit")
         job = ray.get(scheduler.submit.remote(argv, 2, 1, 2, "orphan", ENV))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
         wait_for_step(status, 5, deadline)
         ray.kill(ray.get_actor(f"job/{job}", namespace="easyscale"))  # as a crash of its actor
+        (tmp_path / "hit").touch()
         while (now := status())["state"] in LIVE:
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert now["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), (now, log[-2000:])
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+        assert (tmp_path / "hash").read_text() == reference(n=2, steps=12)
     finally:
         stop(scheduler)
 
@@ -261,31 +265,40 @@ def test_a_job_whose_supervisor_dies_before_it_places_the_job_is_queued_again_no
             assert time.monotonic() < deadline + 180, f"did not end: {now}"
             time.sleep(0.5)
         assert now["state"] == "finished", now
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=4)
+        assert (tmp_path / "hash").read_text() == reference(n=2, steps=4)
     finally:
         stop(scheduler)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from_its_checkpoint(cluster, tmp_path,
-                                                                                                 sig):
-    """kill -9 (as an OOM kill) or SIGTERM (as a node's drain) of a job's only process: nobody recovers in place,
-    and neither is the job's end. It is queued again and resumes from its newest checkpoint, bitwise."""
+def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from_its_checkpoint(cluster, tmp_path):
+    """kill -9 (as an OOM kill) or SIGTERM (as a node's drain) of a job's only process, one job each, side by side:
+    nobody recovers in place, and neither is the job's end. It is queued again and resumes from its newest
+    checkpoint, bitwise."""
+    signals = {"killed": signal.SIGKILL, "stopped": signal.SIGTERM}
     scheduler = launch(str(tmp_path / "state"), "fifo", 0.5)
     try:
-        job = ray.get(scheduler.submit.remote(resumable_argv(tmp_path / "hash", 2, tmp_path / "ckpt", 2), 2, 1, 1,
-                                              "alone", ENV))
-        status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
-        deadline = time.monotonic() + 120
-        wait_for_step(status, 5, deadline)
-        slot = ray.get_actor(f"{job}/w0", namespace="easyscale")
-        os.kill(ray.get(slot.__ray_call__.remote(lambda worker: worker.child.pid)), sig)
-        while (now := status())["state"] in LIVE:
-            assert time.monotonic() < deadline + 180, f"did not end: {now}"
-            time.sleep(0.5)
-        log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
-        assert now["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), (now, log[-2000:])
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+        jobs = {name: ray.get(scheduler.submit.remote(resumable_argv(
+            tmp_path / name, 2, tmp_path / f"ckpt-{name}", 2, sleep_until=tmp_path / f"{name}-hit"), 2, 1, 1, name,
+            ENV)) for name in signals}
+        status = lambda name: ray.get(scheduler.status.remote(jobs[name]))[0]  # noqa: E731
+        deadline, hit = time.monotonic() + 120, set()
+        while hit != set(signals):  # each job's process, once it is past step 5
+            for name in set(signals) - hit:
+                if step_of(status(name)) >= 5:
+                    slot = ray.get_actor(f"{jobs[name]}/w0", namespace="easyscale")
+                    os.kill(ray.get(slot.__ray_call__.remote(lambda worker: worker.child.pid)), signals[name])
+                    (tmp_path / f"{name}-hit").touch()
+                    hit.add(name)
+            assert time.monotonic() < deadline, f"no 5 steps: {[status(name) for name in set(signals) - hit]}"
+            time.sleep(0.2)
+        for name in signals:
+            while (now := status(name))["state"] in LIVE:
+                assert time.monotonic() < deadline + 180, f"{name} did not end: {now}"
+                time.sleep(0.5)
+            log = (tmp_path / "state" / "logs" / jobs[name] / "w0.log").read_text()
+            assert now["state"] == "finished" and re.search(r"^resumed at step [1-9]", log, re.M), \
+                (name, now, log[-2000:])
+            assert (tmp_path / name).read_text() == reference(n=2, steps=12), name
     finally:
         stop(scheduler)
 
@@ -298,13 +311,14 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         assert len(ray.get(scheduler.reserve.remote(4))) == 4  # nodes a and b: the job can only go to c
         c = cluster.add_node(slots=1)
         ckpt = tmp_path / "ckpt"
-        argv = resumable_argv(tmp_path / "hash", 2, ckpt, 2)
+        argv = resumable_argv(tmp_path / "hash", 2, ckpt, 2, sleep_until=tmp_path / "hit")
         job = ray.get(scheduler.submit.remote(argv, 2, 1, 1, "orphan", ENV))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
         wait_for_step(status, 5, deadline)
         assert status()["nodes"] == [cluster.node_ids()[c]]
         cluster.remove_node(c)
+        (tmp_path / "hit").touch()
         while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not queued again: {status()}"
             time.sleep(0.2)
@@ -315,7 +329,7 @@ def test_a_job_whose_every_process_went_with_its_node_starts_again_from_its_chec
         assert status()["state"] == "finished"
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # not from the start
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=12)
+        assert (tmp_path / "hash").read_text() == reference(n=2, steps=12)
     finally:
         stop(scheduler)
 
@@ -386,7 +400,7 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)
     try:
         assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # the job starts on a
-        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000)
+        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000, sleep_until=tmp_path / "hit")
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "suspended", ENV, "cifar10"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
@@ -396,6 +410,7 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
             time.sleep(0.2)
         assert re.fullmatch(r"suspended at step [1-9]\d*: its slots were reserved", status()["note"]), status()
+        (tmp_path / "hit").touch()
         assert ray.get(scheduler.unreserve.remote(1, b)) == 1  # one slot on the other node: it resumes there
         resumed = set()
         while (now := status())["state"] in LIVE:
@@ -405,7 +420,7 @@ def test_a_job_whose_last_slots_are_reserved_is_suspended_and_resumes_elsewhere_
         assert now["state"] == "finished" and resumed - {()} == {(b,)}, (now, resumed)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]  # from the suspension's checkpoint
-        assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=12)
+        assert (tmp_path / "hash").read_text() == reference(n=4, steps=12)
     finally:
         stop(scheduler)
 
@@ -448,7 +463,7 @@ def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says
     scheduler = launch(str(tmp_path / "state"), Newest(), 0.5)
     try:
         assert ray.get(scheduler.reserve.remote(2, b)) == [b, b]  # one node of 2 slots left
-        argv = resumable_argv(tmp_path / "old", 4, tmp_path / "ckpt", 1000)
+        argv = resumable_argv(tmp_path / "old", 4, tmp_path / "ckpt", 1000, sleep_until=tmp_path / "hit")
         old = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "old", ENV))
         status = lambda job: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
@@ -458,14 +473,15 @@ def test_a_job_its_policy_preempts_is_suspended_and_resumes_when_the_policy_says
             assert time.monotonic() < deadline + 60, f"not suspended: {status(old)}"
             time.sleep(0.2)
         assert re.fullmatch(r"suspended at step [1-9]\d*: preempted by newest", status(old)["note"]), status(old)
+        (tmp_path / "hit").touch()
         while status(old)["state"] in LIVE:
             assert time.monotonic() < deadline + 240, f"did not end: {status(old)}"
             time.sleep(0.5)
         assert status(new)["state"] == status(old)["state"] == "finished", (status(new), status(old))
         log = (tmp_path / "state" / "logs" / old / "w0.log").read_text()
         assert re.search(r"^resumed at step [1-9]", log, re.M), log[-2000:]
-        assert (tmp_path / "old").read_text() == run_job("reference", n=4, steps=12)
-        assert (tmp_path / "new").read_text() == run_job("reference", n=2, steps=4)
+        assert (tmp_path / "old").read_text() == reference(n=4, steps=12)
+        assert (tmp_path / "new").read_text() == reference(n=2, steps=4)
     finally:
         stop(scheduler)
 
@@ -491,7 +507,7 @@ def test_a_job_is_reallocating_until_the_real_job_runs_on_its_slots(cluster, tmp
     # and each move comes after a round that saw it settled on the slot it left.
     assert moves and all(rounds[i][0] == 0 for i in moves), rounds
     assert sum(r[0] for r in rounds) >= 3 * len(moves), rounds
-    assert (tmp_path / "out").read_text() == run_job("reference", n=2, steps=6)
+    assert (tmp_path / "out").read_text() == reference(n=2, steps=6)
 
 
 SLOW_ELASTIC = """

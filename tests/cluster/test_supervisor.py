@@ -10,7 +10,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from easyscale_ext.cluster import NAMESPACE, SLOT
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
-from support.jobs import JOB, run_job
+from support.jobs import JOB, reference
 from support.sockets import listening
 
 pytestmark = pytest.mark.multiprocess
@@ -53,7 +53,7 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     assert status().done == 0
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
-    assert out.read_text() == run_job("reference", **JOB_ARGS)
+    assert out.read_text() == reference(**JOB_ARGS)
 
 
 def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing_the_rest_bitwise(cluster, tmp_path):
@@ -61,17 +61,20 @@ def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing
     processes. It grows to 2 (one joiner), leaves a, then grows the rest (before, the second joiner waited for
     admission forever, holding its slot, and the process on a never left)."""
     a, b = cluster.node_ids()
-    supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", virtual_workers=2)
+    moved = tmp_path / "moved"  # its steps take 1 s until the move is seen, then no more time than they need
+    supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", "--sleep-until", str(moved),
+                                     virtual_workers=2)
     try:
         ray.get(supervisor.place.remote([b, b]))
         wait(lambda: status().nodes == [b, b] or status().done is not None, "the move", timeout=90)
         assert status().nodes == [b, b], status()
+        moved.touch()
         wait(lambda: status().done is not None, "the end")
         assert status().done == 0
     finally:  # its processes are detached actors: a failure must not leave them holding the slots
         ray.get(supervisor.cancel.remote())
         ray.kill(supervisor)
-    assert (tmp_path / "hash").read_text() == run_job("reference", n=2, steps=20, epochs=2)
+    assert (tmp_path / "hash").read_text() == reference(n=2, steps=20, epochs=2)
 
 
 def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(cluster, tmp_path):
@@ -85,7 +88,7 @@ def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(clus
     wait(lambda: status().done is not None, "the end")
     assert status().done == 0
     assert ray.get(supervisor.names.remote()) == ["w0", "w1"]  # one try on the node that is gone
-    assert out.read_text() == run_job("reference", **JOB_ARGS)
+    assert out.read_text() == reference(**JOB_ARGS)
 
 
 def slot_on(node):

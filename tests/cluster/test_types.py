@@ -11,9 +11,8 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
-from easyscale_ext import determinism
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import run_job
+from support.jobs import reference
 from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
 
 pytestmark = pytest.mark.multiprocess
@@ -43,7 +42,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the scheduler
 
 def fixed(level, steps=4):
     """The job's single-process run at `level` on this machine's own instruction set (the t4 node's)."""
-    return run_job("reference", n=4, steps=steps, level=level, env_per_rank=[determinism.environment(level)])
+    return reference(n=4, steps=steps, level=level)
 
 
 def wait_until_ended(scheduler, jobs, seconds=240):
@@ -75,7 +74,8 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 0.5)  # elastic: it takes what there is
     try:
         assert ray.get(scheduler.reserve.remote(2, a100)) == [a100, a100]  # the job starts on the t4 node
-        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000) + ["--level", "D2"]
+        argv = resumable_argv(tmp_path / "hash", 4, tmp_path / "ckpt", 1000, sleep_until=tmp_path / "hit") + [
+            "--level", "D2"]
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "moved", ENV, "cifar10", None, "D2"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
         deadline = time.monotonic() + 120
@@ -85,6 +85,7 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
         while status()["state"] != "suspended":
             assert time.monotonic() < deadline + 60, f"not suspended: {status()}"
             time.sleep(0.2)
+        (tmp_path / "hit").touch()
         assert ray.get(scheduler.unreserve.remote(1, a100)) == 1  # it resumes on one a100 slot
         [ended] = wait_until_ended(scheduler, [job])
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
@@ -103,13 +104,16 @@ def test_easyscale_heter_admits_and_spreads_a_d2_job_over_both_types_bitwise(typ
     try:
         with pytest.raises(ray.exceptions.RayTaskError, match="a job spans types only at --level D2"):
             ray.get(scheduler.submit.remote(job_argv(tmp_path / "d0", 4), 4, 3, 4, "d0", ENV, "deepspeech2"))
-        argv = job_argv(tmp_path / "hash", 4, steps=40) + ["--level", "D2"]
+        grown = tmp_path / "grown"  # its steps take 0.3 s until it is seen on all 4 slots, then what they need
+        argv = job_argv(tmp_path / "hash", 4, steps=40) + ["--level", "D2", "--sleep-until", str(grown)]
         job = ray.get(scheduler.submit.remote(argv, 4, 3, 4, "spread", ENV, "deepspeech2", None, "D2"))
         types = dict(zip(typed.node_ids(), ("t4", "a100")))
         held, deadline = [], time.monotonic() + 240
         while (status := ray.get(scheduler.status.remote(job))[0])["state"] in LIVE:
             assert time.monotonic() < deadline, f"did not end: {status}"
             held.append(sorted(types[n] for n in status["nodes"]))
+            if held[-1] == ["a100", "a100", "t4", "t4"]:
+                grown.touch()
             time.sleep(0.2)
         log = (tmp_path / "state" / "logs" / job / "w0.log").read_text()
         assert status["state"] == "finished", log[-2000:]

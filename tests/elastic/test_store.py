@@ -10,7 +10,7 @@ import pytest
 
 from easyscale_ext.elastic.client import SECRET_ENV, connect, current_members, request_scale, serve
 from easyscale_ext.elastic.launcher import ElasticLauncher
-from support.jobs import JOB, run_job
+from support.jobs import JOB, reference
 from support.sockets import listening
 
 
@@ -26,6 +26,7 @@ def test_easyscale_runs_store_is_on_loopback_by_default():
     assert listening(int(launcher.address.rpartition(":")[2])) == ["127.0.0.1"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_only_the_jobs_processes_and_its_owners_tools_reach_its_keys(tmp_path, monkeypatch):
     """A stranger who reaches the store's port without the job's secret: its `easyscale scale` is refused, saying
@@ -36,8 +37,8 @@ def test_only_the_jobs_processes_and_its_owners_tools_reach_its_keys(tmp_path, m
     stranger = dict(owner, EASYSCALE_HOME=str(tmp_path / "stranger"))
     job = subprocess.Popen([sys.executable, "-m", "easyscale_ext.cli", "run", "--procs", "2", "--", JOB, "--mode",
                             "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers", "4",
-                            "--steps", "40", "--step-sleep", "0.2"], env=owner, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+                            "--steps", "40", "--step-sleep", "0.2", "--sleep-until", str(tmp_path / "heard")],
+                           env=owner, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         address = re.search(r"job store at (\S+);", job.stdout.readline()).group(1)
         secret = tmp_path / "owner" / "stores" / address.replace(":", "-")
@@ -64,13 +65,14 @@ def test_only_the_jobs_processes_and_its_owners_tools_reach_its_keys(tmp_path, m
         while current_members(store) != ["w0", "w1", "w2"]:
             assert time.monotonic() < deadline and job.poll() is None, "the owner's request was not heard"
             time.sleep(0.2)
+        (tmp_path / "heard").touch()  # its steps need no more time than they take
         out, _ = job.communicate(timeout=240)
     finally:
         job.kill()
         job.wait()
     assert job.returncode == 0, out
     assert not secret.exists()  # gone with the job
-    assert (tmp_path / "hash").read_text() == run_job("reference", n=4, steps=40)
+    assert (tmp_path / "hash").read_text() == reference(n=4, steps=40)
 
 
 # What a stranger's own store client can do: read the job's keys (it sees none) and write its requests' keys.

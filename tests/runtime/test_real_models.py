@@ -9,6 +9,7 @@ from support.jobs import run_elastic, run_job
 pytestmark = pytest.mark.multiprocess  # each case starts real processes
 
 
+@pytest.mark.slow  # 11 processes importing torchvision or transformers
 @pytest.mark.parametrize("model", ["resnet18", "bert"])
 def test_the_same_bits_on_1_2_and_4_processes_and_through_a_scale_event(model):
     options = dict(model=model, n=4, level="D1", steps=3, epochs=2, batch=4)

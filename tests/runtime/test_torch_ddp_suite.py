@@ -146,6 +146,7 @@ def _run_suite(impl: str, tmp: str, names=()) -> dict:
         return json.load(f)
 
 
+@pytest.mark.slow  # torch's DDP suite, twice
 @pytest.mark.multiprocess
 def test_every_torch_ddp_pass_passes_with_easyscale_ddp(tmp_path, record_property):
     pytest.importorskip("expecttest")  # the suite's import needs it (requirements.txt, the `test` extra)

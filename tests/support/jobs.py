@@ -129,10 +129,12 @@ def run_torchrun(procs: int, port: int, timeout: int = 300, **options):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(model="cnn", n=4, level="D0", isa=None, accumulate=1, amp="none"):
-    """The single-process reference; `isa` caps its kernels at that level (an older machine)."""
+def reference(model="cnn", n=4, level="D0", isa=None, accumulate=1, amp="none", steps=3, epochs=2):
+    """The single-process reference (train_job.py's defaults: 3 steps an epoch, 2 epochs); `isa` caps its kernels
+    at that level (an older machine). Computed once per test process: the tests of one module share it."""
     env = dict(determinism.environment(level), **(determinism.isa_caps(isa) if isa else {}))
-    return run_job("reference", n=n, model=model, level=level, accumulate=accumulate, amp=amp, env_per_rank=[env])
+    return run_job("reference", n=n, model=model, level=level, accumulate=accumulate, amp=amp, steps=steps,
+                   epochs=epochs, env_per_rank=[env])
 
 
 D1 = determinism.environment("D1")

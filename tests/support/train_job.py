@@ -442,7 +442,8 @@ def run_easyscale(args, model, data, opt):
                     if sched is not None:
                         sched.step()
                 step += 1
-                time.sleep(args.step_sleep)  # device time, emulated: it changes no bit
+                if not (args.sleep_until and os.path.exists(args.sleep_until)):
+                    time.sleep(args.step_sleep)  # device time, emulated: it changes no bit
                 here = Position(step, epoch, loader.next_step)
                 if times:
                     times.write(f"{os.environ.get('EASYSCALE_WORKER_ID', ddp.rank)} {step} {time.time():.6f} "
@@ -545,6 +546,8 @@ def main():
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to every step")
+    ap.add_argument("--sleep-until", default="", help="FILE: --step-sleep only until FILE exists (a test that has "
+                    "seen the events it waited for lets the job's remaining steps run at full speed)")
     ap.add_argument("--log-balance", default="", help="FILE: rank 0's balancer evaluations and rebalances")
     ap.add_argument("--buffers-out", default="", help="PREFIX: each process writes its buffers' hash to PREFIX.RANK")
     ap.add_argument("--sigterm-twice", type=int, default=0, help="send --sigterm-at's signal twice")
