@@ -94,8 +94,7 @@ if __name__ == "__main__":
     import subprocess
     import sys
 
-    held = sys.argv[1:] == ["--avx2"]
-    mine = "avx2" if held else isa()
+    mine = "avx2" if sys.argv[1:] == ["--avx2"] else isa()  # --avx2: run with AVX2_ONLY, by the line below
     pinned = dict(recorded(), **{mine: runs(data_dir(), verbose=True)})
     with open(PINNED, "w") as f:
         json.dump(pinned, f, indent=1, sort_keys=True)

@@ -247,8 +247,9 @@ def each_alone(options, costs, forced, capacity, offset=0.0) -> Optional[list]:
     only optimum, the one HiGHS returns; else None. On a large cluster most rounds are such."""
     coef = costs - offset  # as the program has them; no GPUs costs -offset (an idle variable) or 0 (none)
     owner = np.fromiter((j for j, _ in options), int, len(options))
-    order = np.lexsort((coef, owner))
-    starts = np.flatnonzero(np.r_[True, owner[order][1:] != owner[order][:-1]])
+    order = np.lexsort((coef, owner))  # by job, then cost
+    grouped = owner[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
     ends = np.r_[starts[1:], len(order)]
     none, used, chosen = -offset, dict.fromkeys(capacity, 0), []
     for start, end in zip(starts, ends):
