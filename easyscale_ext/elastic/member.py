@@ -25,6 +25,7 @@ import uuid
 from dataclasses import astuple, dataclass, field
 from typing import Callable, List, Optional, Tuple, Union
 
+import torch
 import torch.distributed as dist
 
 from ..placement import even_ranges, ranges_of
@@ -206,10 +207,13 @@ class ElasticMember:
             decision[0] = self.scaling.next_members(ddp.world_size, block)
             if decision[0] is None and proposal is not None:
                 decision[0] = self.members  # the same processes, another split
+        # One small collective a step says whether anything changes; the members travel only when they do.
+        changed = torch.tensor([decision[0] is not None], device=ddp.device if dist.get_backend() == "nccl" else "cpu")
+        dist.broadcast(changed, src=0)
+        if not changed.item():
+            return True
         dist.broadcast_object_list(decision, src=0)
         members = decision[0]
-        if members is None:
-            return True
         if not members:
             self._stop(position, checkpointer)
             return False
