@@ -29,7 +29,7 @@ from easyscale_ext.determinism import ISA_ENV
 from easyscale_ext.elastic.client import BALANCE_ENV
 from easyscale_ext.sched.models.application import Applications
 from easyscale_ext.sched.models.cluster import placement_of
-from easyscale_ext.sched.models.job import gpu_step
+from easyscale_ext.sched.models.virtual_workers import gpu_step
 from easyscale_ext.sched.models.traces import data_dir
 
 IMPORTED = time.time()

@@ -1,7 +1,9 @@
 """What a run achieved: JCT statistics, makespan, utilisation, reallocations, finish-time fairness."""
+import math
+
 import numpy as np
 
-from .models.job import isolated_runtime, make_job
+from .models.job import make_job
 
 
 def isolated_runtimes(specs, apps, cluster, make=make_job) -> dict:
@@ -9,6 +11,17 @@ def isolated_runtimes(specs, apps, cluster, make=make_job) -> dict:
     model `make(spec, apps, batch)` makes (simulator.job_maker)."""
     per_node, gpu_type = cluster.gpus[0], cluster.types[0]
     return {s.name: isolated_runtime(s, apps, per_node, gpu_type, make) for s in specs}
+
+
+def isolated_runtime(spec, apps, gpus_per_node, gpu_type, make=make_job) -> float:
+    """Seconds the job needs alone on the GPUs it asked for, with its own batch size, packed on full nodes
+    and never restarted: the reference for finish-time fairness. `make(spec, apps, batch)` makes its model."""
+    job = make(spec, apps, spec.batch_size)
+    full, rest = divmod(spec.num_gpus, gpus_per_node)
+    job.allocate({gpu_type: (gpus_per_node,) * full + ((rest,) if rest else ())}, 0.0)
+    horizon = spec.duration if spec.app is None else 1e9
+    job.advance(0.0, horizon)
+    return math.inf if job.completion is None else job.completion
 
 
 def finish_time_fairness(result, isolated, total_gpus) -> np.ndarray:

@@ -10,7 +10,7 @@ from easyscale_ext.sched.models import traces
 from easyscale_ext.sched.models.application import EPOCHS, STAND_INS
 from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import ENV_VAR, data_dir, read_csv
-from easyscale_ext.sched.models.job import isolated_runtime
+from easyscale_ext.sched.metrics import isolated_runtime
 from easyscale_ext.sched.models.workload import (APPLICATIONS_BY_GPU_HOURS, JobSpec, load_workload, unique_names,
                                                  with_applications, with_stand_ins)
 from easyscale_ext.sched.policies.easyscale import EasyScalePolicy

@@ -3,7 +3,8 @@ on tiny clusters, and EasyScale-format workloads (read, written, drawn from the 
 import pytest
 
 from easyscale_ext.sched.models.cluster import Cluster
-from easyscale_ext.sched.models.job import make_job, virtual_worker_step
+from easyscale_ext.sched.models.job import make_job
+from easyscale_ext.sched.models.virtual_workers import virtual_worker_step
 from easyscale_ext.sched.models.workload import (JobSpec, easyscale_workload, load_workload,
                                                  write_easyscale_workload)
 from easyscale_ext.sched.policies.easyscale import EasyScalePolicy

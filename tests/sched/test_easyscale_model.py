@@ -9,7 +9,7 @@ from easyscale_ext.sched.models.application import STAND_INS
 from easyscale_ext.sched.models.cluster import EASYSCALE as EASYSCALE_CLUSTER
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.easyscale import EasyScaleJob
-from easyscale_ext.sched.models.job import isolated_runtime
+from easyscale_ext.sched.metrics import isolated_runtime
 from easyscale_ext.sched.models.workload import JobSpec, last_per_name, load_workload, with_stand_ins
 from easyscale_ext.sched.policies.easyscale import EasyScalePolicy
 from easyscale_ext.sched.policies.fifo import FifoPolicy

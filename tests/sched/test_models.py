@@ -7,7 +7,7 @@ from easyscale_ext.sched.models import throughput
 from easyscale_ext.sched.models.application import EPOCHS
 from easyscale_ext.sched.models.efficiency import gain
 from easyscale_ext.sched.models.goodput import GoodputModel, split_batch
-from easyscale_ext.sched.models.job import isolated_runtime
+from easyscale_ext.sched.metrics import isolated_runtime
 from easyscale_ext.sched.models.profile import canonical
 from easyscale_ext.sched.models.traces import read_csv
 from easyscale_ext.sched.models.workload import JobSpec

@@ -8,5 +8,6 @@
     application  a profiled application: its profiles per GPU type, its noise, its length
     workload     job specs: reading the Pollux/Sia/EasyScale workloads and the Philly trace, drawing workloads
     cluster      nodes of GPUs of one type each, parsed from COUNTxGPUS[:TYPE],...
+    virtual_workers  a step's time with D virtual workers spread by speed over GPUs of one or several types
     job          jobs as the simulator advances them (trace jobs, profiled jobs, EasyScale's virtual workers)
 """

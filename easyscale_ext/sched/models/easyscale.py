@@ -17,7 +17,8 @@ Where it differs from the project's model (job.VirtualWorkerJob), point by point
 from functools import lru_cache
 
 from .application import EASYSCALE_MODEL
-from .job import VirtualWorkerJob, balanced_split
+from .job import VirtualWorkerJob
+from .virtual_workers import balanced_split
 from .traces import read_csv
 
 EPOCH_SHARE = 0.01  # the artifact's `dataset_len`: 1 % of each data set per epoch

@@ -7,14 +7,12 @@ EasyScale's kind: D virtual workers with a fixed batch each, on any number of GP
 for: it runs on exactly those.
 """
 import math
-from functools import lru_cache
 from typing import NamedTuple
-
-from ...placement import optimal_split
 
 from . import goodput
 from .efficiency import gain
 from .throughput import fit_perf_params
+from .virtual_workers import mixed_step, virtual_worker_step
 
 
 class Joining(NamedTuple):
@@ -390,66 +388,9 @@ class VirtualWorkerJob(AppJob):
         return self._iteration
 
 
-@lru_cache(maxsize=None)
-def virtual_worker_step(app, virtual_workers, local_bsz, groups, d2=False) -> tuple:
-    """(seconds per step, EasyScale's waste) of `virtual_workers` workers of `local_bsz` samples on `groups`
-    ((GPU type, GPUs per node) pairs). Workers are spread by speed with placement.optimal_split, the runtime's own
-    rule. A GPU running k of them computes k - 1, then the last one overlapped with the exchange, as
-    accumulation steps do; the step lasts as long as the slowest GPU's. Mixed GPU types run at D2 (and so does
-    every step of a job with `d2`), whose compute costs the application's measured D2/D0 ratio. Waste: the share
-    of the GPUs' time idle while the slowest computes."""
-    cost = d2_factor(app, groups, d2)
-    types = [t for t, p in groups for _ in range(sum(p))]
-    compute = {t: cost * app.worker_compute_time(t, local_bsz) for t, _ in groups}
-    sizes, waste = balanced_split(virtual_workers, [compute[t] for t in types])
-    return max(gpu_step(app, local_bsz, groups, t, k, d2) for k, t in zip(sizes, types)), waste
-
-
-def d2_factor(app, groups, d2=False) -> float:
-    """What D2 multiplies a worker's compute by on `groups`: its measured cost where the job runs at D2 (on mixed
-    types, or everywhere with `d2`), else 1."""
-    return app.d2_cost if d2 or len(groups) > 1 else 1.0
-
-
-def balanced_split(virtual_workers, compute) -> tuple:
-    """(workers per GPU, EasyScale's waste) of `virtual_workers` spread over GPUs that compute one worker in
-    `compute` seconds each, by placement.optimal_split. Waste: the GPUs' idle share while the slowest computes."""
-    sizes = optimal_split(virtual_workers, [1 / c for c in compute])
-    busy = [k * c for k, c in zip(sizes, compute)]
-    return sizes, 1 - sum(busy) / (len(busy) * max(busy))
-
-
-def gpu_step(app, local_bsz, groups, gpu_type, workers, d2=False) -> float:
-    """Seconds one GPU of `gpu_type` takes for its `workers` virtual workers of a step of a job on `groups` ((GPU
-    type, GPUs per node) pairs): k - 1 workers computed, then the last one overlapped with the exchange."""
-    cost = d2_factor(app, groups, d2)
-    full, sync = app.profile(gpu_type).step_time(sum((p for _, p in groups), ()), local_bsz)
-    return (workers - 1) * cost * app.worker_compute_time(gpu_type, local_bsz) + cost * (full - sync) + sync
-
-
-def mixed_step(app, workers, local_bsz, groups, d2=False) -> float:
-    """Seconds per step of a job of any kind on GPUs of several types (`groups`: (GPU type, GPUs per node)
-    pairs): its global batch as `workers` virtual workers of `local_bsz` samples, split by the GPUs' measured
-    speeds (virtual_worker_step: placement.optimal_split, D2's measured cost, EasyScale's waste in the slowest
-    GPU's time). A job that mixes types runs on this runtime: it keeps its bits across types only at D2 (`d2`: it
-    runs at D2 on one type too)."""
-    return virtual_worker_step(app, workers, local_bsz, groups, d2)[0]
-
-
 def make_job(spec, apps, batch_size):
     if spec.app is None:
         return TraceJob(spec)
     if spec.virtual_workers is not None and batch_size is not None:  # else a policy that tunes the batch
         return VirtualWorkerJob(spec, apps[spec.app])
     return AppJob(spec, apps[spec.app], batch_size)
-
-
-def isolated_runtime(spec, apps, gpus_per_node, gpu_type, make=make_job) -> float:
-    """Seconds the job needs alone on the GPUs it asked for, with its own batch size, packed on full nodes
-    and never restarted: the reference for finish-time fairness. `make(spec, apps, batch)` makes its model."""
-    job = make(spec, apps, spec.batch_size)
-    full, rest = divmod(spec.num_gpus, gpus_per_node)
-    job.allocate({gpu_type: (gpus_per_node,) * full + ((rest,) if rest else ())}, 0.0)
-    horizon = spec.duration if spec.app is None else 1e9
-    job.advance(0.0, horizon)
-    return math.inf if job.completion is None else job.completion

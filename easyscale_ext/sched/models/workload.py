@@ -189,7 +189,7 @@ def with_applications(trace, apps, gpu_type="t4", gpus_per_node=8, seed=0) -> li
     application's initial batch, or the smallest batch its GPUs hold. Its epochs are those that take about its
     duration alone on its GPUs of `gpu_type` (at least 1, at most the application's), at the mean seconds per
     epoch of a whole run there."""
-    from .job import isolated_runtime
+    from ..metrics import isolated_runtime
 
     rng = np.random.default_rng(seed)
     per_epoch = {}  # (application, GPUs, batch) -> seconds per epoch alone

@@ -20,7 +20,7 @@ class Policy:
     in_place = False  # its jobs run on this runtime and rescale in place (models/reallocation.py), unless a run
     # says otherwise (SimConfig.in_place)
     one_gpu_type = False  # models a cluster of one GPU type only
-    mixes_types = False  # may run a job on several GPU types at once (virtual workers at D2, job.mixed_step)
+    mixes_types = False  # may run a job on several GPU types at once (virtual workers at D2: virtual_workers.py)
     per_type_models = False  # its jobs tune their batch with a model per GPU type (AppJob.per_type_fit)
 
     def spans_types(self, job) -> bool:

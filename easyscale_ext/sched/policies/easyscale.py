@@ -1,9 +1,9 @@
 """EasyScale (Li et al., SC'23): elastic jobs of D virtual workers on GPUs of one or, with D2, several types.
 
 Intra-job: a job's proposals are GPU counts per type (at most D GPUs in all), each valued by its step time with
-the virtual workers spread by speed (the job model's step_on: job.virtual_worker_step, or EasyScale's own model)
-and kept only if EasyScale's waste (the GPUs' idle share while the slowest computes) is at most 30 %. Jobs that
-do not allow D2, and every job in "homo" mode, propose only their preferred GPU type.
+the virtual workers spread by speed (the job model's step_on: virtual_workers.virtual_worker_step, or EasyScale's
+own model) and kept only if EasyScale's waste (the GPUs' idle share while the slowest computes) is at most 30 %.
+Jobs that do not allow D2, and every job in "homo" mode, propose only their preferred GPU type.
 Inter-job, every round: running jobs keep their GPUs (EasyScale never shrinks a job); waiting jobs start, in
 arrival order, on one GPU (of their preferred type, else, if they may mix types, of the fastest type for them
 with a GPU free); then every running job proposes, per GPU type, the increment of that type with the largest

@@ -1,18 +1,19 @@
-"""Elastic goodput, this project's policy: Sia's goodput-optimising integer program (policies/sia.py) with three allocation ideas that the EasyScale
-runtime makes possible and a weight for the average JCT, under the one job model every policy shares
-(models/reallocation.py: restarts or in-place moves by how the job runs; models/freezing.py: freezing off unless a
-job opts in).
+"""Elastic goodput, this project's policy: Sia's goodput-optimising integer program (policies/sia.py) with three
+allocation ideas that the EasyScale runtime makes possible and a weight for the average JCT, under the one job
+model every policy shares (models/reallocation.py: restarts or in-place moves by how the job runs;
+models/freezing.py: freezing off unless a job opts in).
 
 - Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
-  by the GPUs' measured speeds (job.mixed_step: placement.optimal_split, D2's measured cost, EasyScale's waste).
+  by the GPUs' measured speeds (virtual_workers.mixed_step: placement.optimal_split, D2's measured cost,
+  EasyScale's waste).
   Sia keeps a job on one type. Besides Sia's one-type configurations, a job whose D2 costs at most 10 %
   (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs), or that pays D2 on one type too (a
   cluster job submitted at --level D2), is offered pairs of any two of the cluster's types: g1 GPUs of the type
   faster for it and g2 of the slower, each a count Sia would offer on that type, g1 + g2 within what one type may
   grow to (below). The program values a pair as the job's modelled goodput
   on g1 + g2 GPUs of the fast type (its best batch there), times that batch's step time on g1 + g2 fast GPUs over
-  its step time on the pair (both job.mixed_step on the profiles); a pair worth no more than either part alone is
-  not offered. Each part counts on its type's GPUs.
+  its step time on the pair (both virtual_workers.mixed_step on the profiles); a pair worth no more than either
+  part alone is not offered. Each part counts on its type's GPUs.
 - Cheap-move growth (`fast_growth`): an in-place move costs about a second (the measured pause plus the state
   over the links), not a restart, so the program discounts a change by that (Pollux's restart factor with
   R = 1 s, not 30 s), and a job may be offered up to the whole cluster on one type or a pair (Sia: twice the most
@@ -42,7 +43,7 @@ import statistics
 import numpy as np
 
 from ..models.goodput import packed
-from ..models.job import mixed_step
+from ..models.virtual_workers import mixed_step
 from ..models.workload import D2_MAX_COST
 from .sia import MAX_GPUS, TINY, SiaPolicy, one_gpu_throughput
 
