@@ -7,9 +7,10 @@ that does all of this around the user's step).
 
 - A joining process prepares first (model, optimizer and data built), then registers as ready and waits to
   be admitted (`start`).
-- At every step boundary rank 0 looks at departures (SIGTERM, `request_release`), the target process count
+- The members meet at a step boundary about every MEET_S seconds (every boundary with `block`, the first of a
+  generation, the Balancer's): rank 0 looks at departures (SIGTERM, `request_release`), the target process count
   (`request_scale`), ready joiners and the split (`request_split`, the Balancer), and broadcasts whether the
-  membership changes. On a change every member exports its virtual workers' contexts to the store, the old
+  membership changes and at which step they meet next (a collective every step cost ~6 % of a small model's). On a change every member exports its virtual workers' contexts to the store, the old
   group is destroyed, leavers return, and survivors and joiners form the next generation: rank 0 (a
   survivor) broadcasts model, buffers and optimizer state, and every process adopts the contexts of the
   virtual workers it now owns.
@@ -36,6 +37,7 @@ from .scaling import ScalingDecisions
 from .state import Position
 
 log = logging.getLogger(__name__)
+MEET_S = 0.05  # members meet at a step boundary about this often (a scale request waits up to this much longer)
 
 
 @dataclass
@@ -82,6 +84,8 @@ class ElasticMember:
         self._boundary: Optional[Tuple[Position, int]] = None  # the last step boundary and ddp.synced_steps then
         self._replicated: Optional[Position] = None  # where the store's newest copy of this process's contexts is
         self._published = False  # the job state joiners are checked against
+        self._next_meeting: Optional[int] = None  # the step whose boundary the members meet at next (None: the next)
+        self._last_meeting: Optional[Tuple[float, int]] = None  # rank 0: (time, step) of the last meeting
         self.total_steps: Optional[int] = None  # the run's length, where known (run() sets it): for a scheduler
         self._terminated = False
         signals.on_sigterm(self._leave_on_sigterm)
@@ -185,8 +189,9 @@ class ElasticMember:
         """Call after every optimizer step, on every member. Returns False if this process left the job
         (it then has no process group).
 
-        A scale-out waits for its joiners to be prepared; meanwhile training goes on, unless `block` (for
-        schedules that must take effect at this step). If every process asked to leave (SIGTERM), the job
+        The members meet at the boundaries rank 0 sets (about every MEET_S seconds); a request is acted on at the
+        next meeting. A scale-out waits for its joiners to be prepared; meanwhile training goes on, unless `block`
+        (for schedules that must take effect at this step: every boundary is then a meeting). If every process asked to leave (SIGTERM), the job
         stops here: it saves `position` through `checkpointer` (a Checkpointer) first, if given.
         """
         if self._boundary is None:  # the recipe from before start() existed: this boundary starts it
@@ -195,8 +200,11 @@ class ElasticMember:
             self._replicated = position
         self._boundary = (position, ddp.synced_steps)
         ddp.on_step_contexts = self._replicate
+        if not block and self._next_meeting is not None and position.step < self._next_meeting:
+            return True  # every member skips the same boundaries: they agreed on the next meeting at the last one
         proposal = self.scaling.proposed_split(ddp, position.step)
         decision = [None]
+        steps_to_next = 1
         if self.rank == 0:
             if not self._published:
                 self.store.publish_job_state(state.job_kind(ddp, optimizer, scheduler))
@@ -207,10 +215,14 @@ class ElasticMember:
             decision[0] = self.scaling.next_members(ddp.world_size, block)
             if decision[0] is None and proposal is not None:
                 decision[0] = self.members  # the same processes, another split
-        # One small collective a step says whether anything changes; the members travel only when they do.
-        changed = torch.tensor([decision[0] is not None], device=ddp.device if dist.get_backend() == "nccl" else "cpu")
-        dist.broadcast(changed, src=0)
-        if not changed.item():
+            steps_to_next = self._steps_to_next_meeting(position.step)
+        # One small collective a meeting says whether anything changes and when the members meet next; the members
+        # travel only when they change.
+        plan = torch.tensor([decision[0] is not None, steps_to_next],
+                            device=ddp.device if dist.get_backend() == "nccl" else "cpu")
+        dist.broadcast(plan, src=0)
+        self._next_meeting = position.step + int(plan[1])
+        if not plan[0]:
             return True
         dist.broadcast_object_list(decision, src=0)
         members = decision[0]
@@ -240,6 +252,17 @@ class ElasticMember:
         self._adopt(ddp, optimizer, scheduler, start=start, old=old)
         return True
 
+    def _steps_to_next_meeting(self, step: int) -> int:
+        """Rank 0: boundaries until the next meeting, about MEET_S of steps at the pace since the last one; the
+        balancer's steps are meetings (it proposes there)."""
+        now, last, self._last_meeting = time.perf_counter(), self._last_meeting, (time.perf_counter(), step)
+        if last is None or step <= last[1]:
+            return 1
+        steps = max(1, int(MEET_S * (step - last[1]) / max(now - last[0], 1e-9)))
+        if self.balancer is not None:
+            steps = min(steps, self.balancer.interval - step % self.balancer.interval)
+        return steps
+
     def _stop(self, position: Position, checkpointer) -> None:
         """Every process leaves: the job ends here, saved if it can be."""
         if self.rank == 0:  # stopped, not finished: what a supervisor needs to queue the job again
@@ -256,6 +279,7 @@ class ElasticMember:
         """Take the job's state from process `src` (a survivor: rank 0 after a scale event) and this
         process's virtual workers' contexts (from the scale event's export unless `context_of`)."""
         generation = self.generation
+        self._next_meeting = self._last_meeting = None  # a new generation meets at its first boundary
         step, epoch, step_in_epoch = self.store.position(generation)
         ddp.process_group = dist.group.WORLD
         faults.reach("adopting")
