@@ -10,8 +10,9 @@ that does all of this around the user's step).
 - The members meet at a step boundary about every MEET_S seconds (every boundary with `block`, the first of a
   generation, the Balancer's): rank 0 looks at departures (SIGTERM, `request_release`), the target process count
   (`request_scale`), ready joiners and the split (`request_split`, the Balancer), and broadcasts whether the
-  membership changes and at which step they meet next (a collective every step cost ~6 % of a small model's). On a change every member exports its virtual workers' contexts to the store, the old
-  group is destroyed, leavers return, and survivors and joiners form the next generation: rank 0 (a
+  membership changes and at which step they meet next (a collective every step cost ~6 % of a small model's).
+  On a change every member exports its virtual workers' contexts to the store, the old group is destroyed,
+  leavers return, and survivors and joiners form the next generation: rank 0 (a
   survivor) broadcasts model, buffers and optimizer state, and every process adopts the contexts of the
   virtual workers it now owns.
 - A process that dies is replaced in place (`recover`): the survivors continue from the newest step any of
@@ -191,8 +192,9 @@ class ElasticMember:
 
         The members meet at the boundaries rank 0 sets (about every MEET_S seconds); a request is acted on at the
         next meeting. A scale-out waits for its joiners to be prepared; meanwhile training goes on, unless `block`
-        (for schedules that must take effect at this step: every boundary is then a meeting). If every process asked to leave (SIGTERM), the job
-        stops here: it saves `position` through `checkpointer` (a Checkpointer) first, if given.
+        (for schedules that must take effect at this step: every boundary is then a meeting). If every process
+        asked to leave (SIGTERM), the job stops here: it saves `position` through `checkpointer` (a Checkpointer)
+        first, if given.
         """
         if self._boundary is None:  # the recipe from before start() existed: this boundary starts it
             self.start(ddp, optimizer, scheduler, position)
