@@ -257,7 +257,8 @@ class ElasticMember:
     def _steps_to_next_meeting(self, step: int) -> int:
         """Rank 0: boundaries until the next meeting, about MEET_S of steps at the pace since the last one; the
         balancer's steps are meetings (it proposes there)."""
-        now, last, self._last_meeting = time.perf_counter(), self._last_meeting, (time.perf_counter(), step)
+        now, last = time.perf_counter(), self._last_meeting
+        self._last_meeting = now, step
         if last is None or step <= last[1]:
             return 1
         steps = max(1, int(MEET_S * (step - last[1]) / max(now - last[0], 1e-9)))
