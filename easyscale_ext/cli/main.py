@@ -7,7 +7,7 @@
   easyscale bench [--quick]                      the benchmarks recorded in BENCHMARKS.md
   easyscale smoke                                check that the extension loads and its kernels run
   easyscale simulate --workload FILE --policy P  trace-driven cluster-scheduling simulation
-  easyscale workload --out FILE                  an EasyScale-format workload drawn from the Philly trace
+  easyscale workload --out FILE [--sample SEED]  a workload drawn from the Philly trace
 """
 import argparse
 import logging

@@ -4,8 +4,8 @@
                      [--seed S] [--out DIR] [--calibration sia|easyscale] [--in-place policy|on|off]
                      [--freezing job|on|off] [--applications SEED]
 
-Several policies run one process each, two at a time. Also `easyscale workload`, which draws an EasyScale-format
-workload from the Philly trace. Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
+Several policies run one process each, two at a time. Also `easyscale workload`, which draws a workload from the
+Philly trace (`--sample SEED`: as Pollux's and Sia's samplers do). Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
 anything runs: a mistake is one line saying what to do (UsageError, exit status 2), and nothing is written.
 """
 import json
@@ -17,9 +17,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..sched.metrics import isolated_runtimes, summarize
-from ..sched.models import workload
+from ..sched.models import sampler, workload
 from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND_INS, Applications
-from ..sched.models.cluster import DEFAULT, EASYSCALE, Cluster
+from ..sched.models.cluster import DEFAULT, EASYSCALE, SHAPES, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES, RUNNABLE
@@ -42,8 +42,8 @@ def add_parser(subparsers):
                         "run the workload on the cluster (default). One process each, two at a time. The ablations "
                         "of BENCHMARKS.md's tables run too (sched.policies.EXPERIMENTS)")
     p.add_argument("--cluster", default=None, help=f"COUNTxGPUS[:TYPE],... with TYPE one of {', '.join(GPU_TYPES)} "
-                                                   f"(default {DEFAULT}; {EASYSCALE}, EasyScale's, for an "
-                                                   "EasyScale-format workload)")
+                                                   f"or a shape's name, {', '.join(SHAPES)} (default {DEFAULT}; "
+                                                   f"{EASYSCALE}, EasyScale's, for an EasyScale-format workload)")
     p.add_argument("--map", action="append", default=[], metavar="APP=PROFILED,...",
                    help="run APP's jobs as the profiled application PROFILED (repeatable); by default "
                         + ", ".join(f"{a}={b}" for a, b in STAND_INS.items()))
@@ -80,13 +80,27 @@ def add_parser(subparsers):
                    help=f"GB/s between nodes, for in-place moves (default {INTER_NODE_GBPS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=main)  # easyscale_ext.cli dispatches on args.run
-    w = subparsers.add_parser("workload", help="write an EasyScale-format workload drawn from the Philly trace",
-                              description=workload.easyscale_workload.__doc__.split("\n\n")[0])
+    w = subparsers.add_parser(
+        "workload", help="write a workload drawn from the Philly trace",
+        description="Write a workload drawn from the Philly trace: with --sample, Pollux's format as Pollux's and "
+                    "Sia's samplers draw theirs (sched.models.sampler); otherwise EasyScale's format, jobs that keep "
+                    "their trace job's GPUs and duration (sched.models.workload.easyscale_workload).")
     w.add_argument("--out", required=True, help="the CSV file to write")
-    w.add_argument("--jobs", type=int, default=80, help="jobs to draw (default 80)")
-    w.add_argument("--hours", type=float, default=4.0, help="arrivals spread over this many hours (default 4)")
-    w.add_argument("--cluster", default=EASYSCALE, help=f"COUNTxGPUS:TYPE,... (default {EASYSCALE})")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--cluster", default=EASYSCALE,
+                   help=f"COUNTxGPUS:TYPE,... or one of {', '.join(SHAPES)} (default {EASYSCALE}); with --sample, its "
+                        "most plentiful GPU type is the one jobs are sized for")
+    w.add_argument("--seed", type=int, default=0, help="without --sample: the draw (default 0)")
+    w.add_argument("--sample", type=int, default=None, metavar="SEED",
+                   help="draw with the samplers' rules and this seed")
+    w.add_argument("--load", type=float, default=1.0,
+                   help=f"with --sample: jobs relative to the samplers' {sampler.JOBS} in {sampler.WINDOW[1]:g} hours "
+                        "(default 1; Pollux's artifact has 0.5-2)")
+    w.add_argument("--rules", choices=list(sampler.RULES), default="sia",
+                   help="with --sample: Sia's rules (default; no ncf, up to 14 GPUs, sized for the cluster's GPUs) "
+                        "or Pollux's (T4s, up to 48 GPUs)")
+    w.add_argument("--jobs", type=int, default=80, help="without --sample: jobs to draw (default 80)")
+    w.add_argument("--hours", type=float, default=4.0,
+                   help="without --sample: arrivals spread over this many hours (default 4)")
     w.add_argument("--data", default=None, help="trace directory (as for simulate)")
     w.set_defaults(run=make_workload)
     return p
@@ -94,9 +108,18 @@ def add_parser(subparsers):
 
 def make_workload(args) -> int:
     data, cluster = find_data(args.data), parse_cluster(args.cluster)
-    trace = workload.load_workload(data / "pollux" / "traces" / "philly.csv")
-    specs = workload.easyscale_workload(trace, Applications(data), cluster, args.jobs, args.hours, args.seed)
-    workload.write_easyscale_workload(specs, args.out)
+    trace_csv = data / "pollux" / "traces" / "philly.csv"
+    if args.sample is not None:
+        try:
+            specs = sampler.sample_workload(trace_csv, Applications(data), cluster, args.sample, args.load,
+                                            args.rules)
+        except ValueError as e:
+            raise UsageError(f"--load: {e}")
+        workload.write_pollux_workload(specs, args.out)
+    else:
+        specs = workload.easyscale_workload(workload.load_workload(trace_csv), Applications(data), cluster,
+                                            args.jobs, args.hours, args.seed)
+        workload.write_easyscale_workload(specs, args.out)
     print(f"wrote {len(specs)} jobs to {args.out}")
     return 0
 

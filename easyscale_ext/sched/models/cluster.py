@@ -1,14 +1,18 @@
 """The cluster: nodes, each with a number of GPUs of one type.
 
 A spec lists groups of identical nodes, `COUNTxGPUS[:TYPE]`, comma-separated: "16x4:t4" is the Pollux
-artifact's 64 T4s; "6x4:t4,2x8:a100,3x8:2080ti" is Sia's heterogeneous cluster. The type defaults to t4.
+artifact's 64 T4s; "6x4:t4,2x8:a100,3x8:2080ti" is Sia's heterogeneous cluster. The type defaults to t4. A name
+of SHAPES stands for its spec.
 """
 from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT = "16x4:t4"  # the Pollux artifact's
-EASYSCALE = "4x8:v100,2x8:p100,4x4:t4"  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
+# The three artifacts' clusters of 64 GPUs, and two more of 64 weighted to one type (validation draws).
+SHAPES = {"pollux": "16x4:t4", "sia": "6x4:t4,2x8:a100,3x8:2080ti", "easyscale": "4x8:v100,2x8:p100,4x4:t4",
+          "t4-heavy": "10x4:t4,1x8:a100,2x8:2080ti", "a100-heavy": "2x4:t4,5x8:a100,2x8:2080ti"}
+DEFAULT = SHAPES["pollux"]
+EASYSCALE = SHAPES["easyscale"]  # EasyScale's simulated 32 V100 + 16 P100 + 16 T4
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,7 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str = DEFAULT) -> "Cluster":
+        spec = SHAPES.get(spec, spec)
         gpus, types = [], []
         for group in spec.replace(" ", "").split(","):
             shape, _, gpu_type = group.partition(":")
@@ -28,7 +33,8 @@ class Cluster:
                 count = per_node = 0
             if count < 1 or per_node < 1:
                 raise ValueError(f"bad cluster group {group!r} in {spec!r}: expected COUNTxGPUS[:TYPE] with "
-                                 f"COUNT nodes of GPUS GPUs each, both at least 1, e.g. 16x4:t4")
+                                 f"COUNT nodes of GPUS GPUs each, both at least 1, e.g. 16x4:t4; or a "
+                                 f"shape's name: {', '.join(SHAPES)}")
             gpus += [per_node] * count
             types += [gpu_type or "t4"] * count
         return cls(spec, tuple(gpus), tuple(types))

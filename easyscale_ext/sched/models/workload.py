@@ -222,3 +222,12 @@ def write_easyscale_workload(specs, path) -> None:
         for s in specs:
             writer.writerow([s.name, int(s.arrival), s.app, s.virtual_workers, s.batch_size // s.virtual_workers,
                              s.epochs, int(s.heterogeneous), s.preferred_gpu])
+
+
+def write_pollux_workload(specs, path) -> None:
+    """Pollux's format (Sia's too): name, arrival second, application, GPUs, global batch."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(FORMATS["Pollux"])
+        for s in specs:
+            writer.writerow([s.name, int(s.arrival), s.app, s.num_gpus, s.batch_size])
