@@ -1,4 +1,6 @@
 """Our policy and the simulator's in-place reallocation, on tiny cases."""
+import math
+
 import pytest
 
 from easyscale_ext.sched.models.cluster import Cluster
@@ -78,3 +80,19 @@ def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
         alloc = ablation.optimize(600, jobs, cluster, {"a": (0, 0), "b": (1, 1)})
         unweighted.append({name: len(a) for name, a in alloc.items()})
     assert ablation.name == "elastic-goodput-no-remaining" and unweighted[0] == unweighted[1]
+
+
+@pytest.mark.parametrize("age_s,floor", [(math.inf, 0.0), (2400.0, 0.25), (1000.0, 0.6), (300.0, 1.0)])
+def test_the_age_bound_lifts_a_held_back_job_towards_the_median_with_its_time_in_the_system(apps, age_s, floor):
+    """The job far from its end is weighted median / its remaining work (about 0.51 here) until it has been in the
+    system for long enough: its weight is at least its age over age_s, up to the median job's (1)."""
+    jobs = [running(apps, name, 2, "t4") for name in "ab"]
+    for job, share in zip(jobs, (0.9, 0.1)):
+        job.progress = share * job.app.noise.progress_at(job.epochs)
+    policy = ElasticGoodputPolicy(age_s=age_s)
+    policy.optimize(600, jobs, Cluster.parse("1x4:t4,1x2:t4"), {"a": (0, 0), "b": (1, 1)})
+    left = {job.name: remaining_work(job) for job in jobs}
+    median = (left["a"] + left["b"]) / 2
+    assert policy._weights["a"] == pytest.approx(median / left["a"])  # far above any floor
+    assert policy._weights["b"] == pytest.approx(max(median / left["b"], floor))
+    assert policy.name == "elastic-goodput" + ("" if age_s == math.inf else f"-age-{age_s / 3600:g}h")

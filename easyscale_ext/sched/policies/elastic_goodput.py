@@ -29,7 +29,9 @@ models/freezing.py: freezing off unless a job opts in).
   job's remaining work over its own, so that the program favours the jobs nearest their end: remaining work = the
   GPU-seconds it has held x (1 - f) / f, f its share of its length done. That estimate needs no length in seconds:
   a real job reports its steps done of its total, and its GPU-seconds held are the scheduler's. A job that has done
-  nothing yet is valued as the median.
+  nothing yet is valued as the median. Smith's rule holds the longest jobs back, which the tail pays for; with an
+  age bound (`age_s`, as Tiresias promotes a starved job) a job's weight rises linearly with its time in the system
+  to the median's at `age_s` seconds (none by default; bench/bench_validate.py judges candidates).
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
 makes them restart-based (the ablation's "elastic-goodput, restart-based").
 
@@ -38,6 +40,7 @@ sia-mixed is Sia's program with the pairs only, restart-based. Like every policy
 real scheduler can run it.
 """
 import itertools
+import math
 import statistics
 
 import numpy as np
@@ -56,13 +59,14 @@ class ElasticGoodputPolicy(SiaPolicy):
     in_place = True
 
     def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = True,
-                 reallocation_s: float = REALLOCATION_S, name=None, **sia):
+                 reallocation_s: float = REALLOCATION_S, age_s: float = math.inf, name=None, **sia):
         restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
         name = name or "elastic-goodput" + ("" if mixed else "-no-mixed") + (
             "" if fast_growth else "-no-fast-growth") + ("" if utility else "-sia-objective") + (
-            "" if remaining else "-no-remaining")
+            "" if remaining else "-no-remaining") + ("" if age_s == math.inf else f"-age-{age_s / 3600:g}h")
         super().__init__(restart_s=restart_s, name=name, **sia)
         self.mixed, self.fast_growth, self.utility, self.remaining = mixed, fast_growth, utility, remaining
+        self.age_s = age_s
         self._weights = {}  # job -> the median job's remaining work over its own (`remaining`), this round
         self.mixes_types = mixed
         self.growth = MAX_GPUS if fast_growth else 2
@@ -75,7 +79,8 @@ class ElasticGoodputPolicy(SiaPolicy):
         if self.remaining:
             work = {job.name: left for job in jobs if (left := remaining_work(job)) is not None}
             median = statistics.median(work.values()) if work else 1.0
-            self._weights = {name: median / left for name, left in work.items()}
+            age = {job.name: (now - job.spec.arrival) / self.age_s for job in jobs}
+            self._weights = {name: max(median / left, min(age[name], 1.0)) for name, left in work.items()}
         return super().optimize(now, jobs, cluster, allocations)
 
     def _cost(self, value) -> float:

@@ -1,0 +1,159 @@
+"""Elastic-goodput on workloads it was never developed on: draws by Pollux's and Sia's samplers' rules
+(sched.models.sampler, Sia's rules) on five cluster shapes of 64 GPUs at three loads, split once into decision
+draws, on which each design choice is judged, and verdict draws, on which the policy is reported. The two splits
+never share a draw: a draw's seed is its split's base plus 1,000 x its cell (shape, load) plus its index.
+
+Job model: Sia's workloads' (Sia's per-application restarts; runs in place where the policy does), as bench_fair.py.
+
+  python bench/bench_validate.py --split decide --json decide.json    # the choices, on the decision draws
+  python bench/bench_validate.py --split verdict --json verdict.json  # the verdict, on draws used for nothing else
+
+Each simulation runs in a worker process, --procs at a time. --json keeps every figure as it comes (a rerun with
+the same file simulates only what it lacks), and the tables are printed from it at the end.
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench_fair import summary
+from easyscale_ext.sched.models.application import Applications
+from easyscale_ext.sched.models.cluster import SHAPES, Cluster
+from easyscale_ext.sched.models.sampler import sample_workload
+from easyscale_ext.sched.models.traces import data_dir
+from easyscale_ext.sched.policies import RUNNABLE
+from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy
+from easyscale_ext.sched.simulator import SIA_RESTARTS, simulate
+
+SPLITS = {"decide": 0, "verdict": 1_000_000}
+LOADS = (0.5, 1.0, 2.0)
+OURS = "elastic-goodput"
+BASELINES = ("sia", "sia-inplace")
+ABLATIONS = ("elastic-goodput-no-mixed", "elastic-goodput-no-fast-growth", "elastic-goodput-sia-objective",
+             "elastic-goodput-no-remaining")
+CELLS = [(shape, load) for shape in SHAPES for load in LOADS]
+# Settings of elastic-goodput not (yet) its own, judged here on the decision draws: an age bound on Smith's weight.
+CANDIDATES = {f"{OURS}-age-{hours}h": (lambda hours=hours: ElasticGoodputPolicy(age_s=hours * 3600.0))
+              for hours in (2, 6)}
+
+
+def seed_of(split, cell, k) -> int:
+    return SPLITS[split] + 1000 * cell + k
+
+
+_apps = None
+
+
+def simulate_one(task) -> tuple:
+    """(key, figures) of one policy on one draw: avg and p99 JCT, makespan (seconds) and CPU seconds."""
+    global _apps
+    key, data, shape, load, seed, policy = task
+    _apps = _apps or Applications(data)
+    begin = time.process_time()
+    cluster = Cluster.parse(shape)
+    specs = sample_workload(data / "pollux" / "traces" / "philly.csv", _apps, cluster, seed, load)
+    make = CANDIDATES.get(policy) or (lambda: RUNNABLE[policy](0))
+    result = simulate(specs, make(), cluster, _apps, SIA_RESTARTS)
+    figures = summary({j["name"]: (j["arrival"], j["jct"]) for j in result.jobs})
+    return key, dict(figures, cpu=time.process_time() - begin)
+
+
+def key_of(seed, policy) -> str:
+    return f"{seed}/{policy}"
+
+
+def save(path, figures) -> None:
+    """Write `figures` to `path` atomically (a crash mid-write leaves the last complete file)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(figures, indent=0, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def ratios(figures, split, cell, draws, num, den, metric="avg") -> np.ndarray:
+    """num's `metric` over den's on each draw of `cell` that has both."""
+    keys = [(key_of(s, num), key_of(s, den)) for s in (seed_of(split, cell, k) for k in range(draws))]
+    return np.array([figures[a][metric] / figures[b][metric] for a, b in keys if a in figures and b in figures])
+
+
+def spread(values) -> str:
+    """median [10th, 90th percentile]."""
+    if not len(values):
+        return "-"
+    p10, p50, p90 = np.percentile(values, [10, 50, 90])
+    return f"{p50:.3f} [{p10:.3f}, {p90:.3f}]"
+
+
+def tables(figures, split, draws, policies) -> None:
+    print(f"\n{split} draws ({draws} per cell); ratios of avg JCT unless named: median [10th, 90th percentile]\n")
+    print("| shape | load | draws | ours / sia | ours / sia-inplace | ours below sia-inplace | p99: ours / sia | "
+          "makespan: ours / sia |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    pooled = {name: [] for name in ("sia", "sia-inplace", "p99")}
+    for cell, (shape, load) in enumerate(CELLS):
+        sia, inplace = (ratios(figures, split, cell, draws, OURS, b) for b in BASELINES)
+        p99 = ratios(figures, split, cell, draws, OURS, "sia", "p99")
+        makespan = ratios(figures, split, cell, draws, OURS, "sia", "makespan")
+        for name, values in (("sia", sia), ("sia-inplace", inplace), ("p99", p99)):
+            pooled[name] += list(values)
+        below = f"{np.mean(inplace < 1):.0%}" if len(inplace) else "-"
+        print(f"| {shape} | {load:g} | {len(sia)} | {spread(sia)} | {spread(inplace)} | {below} | {spread(p99)} | "
+              f"{spread(makespan)} |")
+    inplace = np.array(pooled["sia-inplace"])
+    below = f"{np.mean(inplace < 1):.0%}" if len(inplace) else "-"
+    print(f"| all | | {len(pooled['sia'])} | {spread(pooled['sia'])} | {spread(inplace)} | {below} | "
+          f"{spread(pooled['p99'])} | |")
+    ablations = [p for p in policies if p not in (OURS, *BASELINES)]
+    if not ablations:
+        return
+    print(f"\neach choice taken out: its avg JCT over {OURS}'s (above 1: the choice pays), per shape over its "
+          "loads; the share of draws where it pays\n")
+    print("| choice taken out | " + " | ".join(SHAPES) + " | all | pays on |")
+    print("|---|" + "---:|" * (len(SHAPES) + 2))
+    for policy in ablations:
+        per_shape, every = [], []
+        for shape in SHAPES:
+            values = [r for cell, (s, _) in enumerate(CELLS) if s == shape
+                      for r in ratios(figures, split, cell, draws, policy, OURS)]
+            per_shape.append(spread(values).split(" [")[0])
+            every += values
+        pays = f"{np.mean(np.array(every) > 1):.0%}" if every else "-"
+        print(f"| {policy.removeprefix(OURS + '-')} | " + " | ".join(per_shape) +
+              f" | {spread(every)} | {pays} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", choices=list(SPLITS), required=True)
+    parser.add_argument("--draws", type=int, default=4, help=f"draws per cell of {len(CELLS)} (default 4)")
+    parser.add_argument("--policies", default=",".join((OURS, *BASELINES, *ABLATIONS)),
+                        help="comma-separated, of sched.policies.RUNNABLE and CANDIDATES (default: ours, the "
+                             "baselines and the ablations)")
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--json", required=True, help="figures kept here, read back on a rerun")
+    parser.add_argument("--data", default=None)
+    args = parser.parse_args()
+    data, policies = data_dir(args.data), args.policies.split(",")
+    unknown = [p for p in policies if p not in RUNNABLE and p not in CANDIDATES]
+    if unknown:
+        parser.error(f"unknown policies {', '.join(unknown)}")
+    path = Path(args.json)
+    figures = json.loads(path.read_text()) if path.exists() else {}
+    tasks = [(key_of(seed, p), data, shape, load, seed, p)
+             for k in range(args.draws) for cell, (shape, load) in enumerate(CELLS)
+             for seed in [seed_of(args.split, cell, k)] for p in policies if key_of(seed, p) not in figures]
+    begin = time.time()
+    with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
+        for done, (key, result) in enumerate(pool.imap_unordered(simulate_one, tasks), 1):
+            figures[key] = result
+            save(path, figures)
+            print(f"  {done}/{len(tasks)} {key} avg {result['avg'] / 3600:.3f} h, {result['cpu']:.0f} s CPU, "
+                  f"{time.time() - begin:.0f} s", flush=True)
+    tables(figures, args.split, args.draws, policies)
+
+
+if __name__ == "__main__":
+    main()
