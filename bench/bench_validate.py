@@ -109,20 +109,21 @@ def tables(figures, split, draws, policies) -> None:
     ablations = [p for p in policies if p not in (OURS, *BASELINES)]
     if not ablations:
         return
-    print(f"\neach choice taken out: its avg JCT over {OURS}'s (above 1: the choice pays), per shape over its "
-          "loads; the share of draws where it pays\n")
-    print("| choice taken out | " + " | ".join(SHAPES) + " | all | pays on |")
-    print("|---|" + "---:|" * (len(SHAPES) + 2))
+    print(f"\neach choice taken out (or setting added): its avg JCT over {OURS}'s per shape over its loads (above 1: "
+          "the choice pays), over every draw, the share of draws where it pays, and its p99 over ours\n")
+    print("| variant | " + " | ".join(SHAPES) + " | all | pays on | p99 / ours |")
+    print("|---|" + "---:|" * (len(SHAPES) + 3))
     for policy in ablations:
-        per_shape, every = [], []
+        per_shape, every, p99 = [], [], []
         for shape in SHAPES:
-            values = [r for cell, (s, _) in enumerate(CELLS) if s == shape
-                      for r in ratios(figures, split, cell, draws, policy, OURS)]
+            cells = [cell for cell, (s, _) in enumerate(CELLS) if s == shape]
+            values = [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS)]
+            p99 += [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS, "p99")]
             per_shape.append(spread(values).split(" [")[0])
             every += values
         pays = f"{np.mean(np.array(every) > 1):.0%}" if every else "-"
         print(f"| {policy.removeprefix(OURS + '-')} | " + " | ".join(per_shape) +
-              f" | {spread(every)} | {pays} |")
+              f" | {spread(every)} | {pays} | {spread(p99)} |")
 
 
 def main():
