@@ -174,8 +174,9 @@ def easyscale_workload(trace, apps, cluster, jobs=80, hours=4.0, seed=0) -> list
     return out
 
 
-# The application a Philly job runs, by its GPU-hours (the rule of Pollux's and Sia's workload samplers, kept to the
-# six profiled applications): each bound in GPU-hours, and the applications drawn below it with their odds.
+# The application a Philly job runs, by its GPU-hours, for the whole trace: the bands of a later sampler modelled on
+# Pollux's, kept to the six profiled applications (the samplers that drew the shipped workloads use coarser bands,
+# sampler.APPLICATIONS): each bound in GPU-hours, and the applications drawn below it with their odds.
 APPLICATIONS_BY_GPU_HOURS = ((0.1, {"cifar10": 0.8, "ncf": 0.2}), (1.0, {"bert": 1.0}), (5.0, {"deepspeech2": 1.0}),
                              (10.0, {"yolov3": 1.0}), (math.inf, {"imagenet": 1.0}))
 
