@@ -2,8 +2,8 @@
 a validation needs. Pollux's sampler drew its artifact's workloads so (Sia's Philly workloads keep their arrivals;
 Sia's sampler differs where RULES say):
 
-- the pool: the trace's jobs of at least 60 s and under 1,000 GPU-hours submitted within `hours` hours from hour
-  `start` of any day of the trace; a job arrives at its time into that window;
+- the pool: the trace's jobs of at least 60 s and under 1,000 GPU-hours submitted within the `window` (its first
+  hour of the day, its hours; WINDOW) of any day of the trace; a job arrives at its time into that window;
 - `round(jobs * load)` of them, uniformly without replacement (Pollux's 0.5x-2x "relative job load" workloads
   keep the window and scale the number of jobs);
 - each job's application by its GPU-hours in the trace (APPLICATIONS): under 1 cifar10 (Pollux's rules: or ncf,
