@@ -5,8 +5,9 @@
                      [--freezing job|on|off] [--applications SEED]
 
 Several policies run one process each, two at a time. Also `easyscale workload`, which draws a workload from the
-Philly trace (`--sample SEED`: as Pollux's and Sia's samplers do). Like the simulator (easyscale_ext.sched), no torch. Every input is checked before
-anything runs: a mistake is one line saying what to do (UsageError, exit status 2), and nothing is written.
+Philly trace (`--sample SEED`: as Pollux's and Sia's samplers do). Like the simulator (easyscale_ext.sched), no
+torch. Every input is checked before anything runs: a mistake is one line saying what to do (UsageError, exit
+status 2), and nothing is written.
 """
 import json
 import multiprocessing

@@ -2,7 +2,9 @@
 draw is a function of its seed, load and cluster."""
 import subprocess
 import sys
+import textwrap
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ from easyscale_ext.sched.models import sampler
 from easyscale_ext.sched.models.cluster import SHAPES, Cluster
 from easyscale_ext.sched.models.traces import read_csv
 from easyscale_ext.sched.models.workload import load_workload
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,8 @@ def test_pollux_rules_draw_what_pollux_workloads_hold(data, apps, trace_csv):
     assert all((j.num_gpus, j.batch_size) in shipped[j.app] for j in draw)
 
 
-@pytest.mark.parametrize("load,message", [(0, "a positive number"), (500, "the trace's window holds")])
+@pytest.mark.parametrize("load,message", [(0, "a positive number"), (float("inf"), "a positive number"),
+                                          (500, "the trace's window holds")])
 def test_a_load_the_trace_cannot_give_is_refused(apps, trace_csv, load, message):
     with pytest.raises(ValueError, match=message):
         sampler.sample_workload(trace_csv, apps, Cluster.parse("sia"), seed=0, load=load)
@@ -90,3 +95,24 @@ def test_the_command_writes_the_draw_in_pollux_format(tmp_path, apps, trace_csv)
     by_name = lambda jobs: sorted(jobs, key=lambda j: j.name)  # noqa: E731 (ties in arrival sort by name there)
     assert by_name(load_workload(out)) == by_name(sampler.sample_workload(trace_csv, apps, Cluster.parse("t4-heavy"),
                                                                           4, 0.25))
+
+
+def test_the_readmes_command_runs_as_written(tmp_path, apps, trace_csv):
+    command = "easyscale workload --sample 3 --load 1.5 --cluster a100-heavy --out w.csv"
+    assert command in " ".join((REPO / "README.md").read_text().split())
+    run = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", *command.split()[1:]], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "wrote 240 jobs to w.csv" in run.stdout, run.stderr
+    by_name = lambda jobs: sorted(jobs, key=lambda j: j.name)  # noqa: E731
+    assert by_name(load_workload(tmp_path / "w.csv")) == by_name(
+        sampler.sample_workload(trace_csv, apps, Cluster.parse("a100-heavy"), 3, 1.5))
+
+
+def test_the_api_references_example_runs_as_written(tmp_path):
+    text = (REPO / "docs" / "api" / "scheduling.rst").read_text()
+    block = text.split("Workloads drawn for validation", 1)[1].split(".. code-block:: python", 1)[1]
+    lines = block.splitlines()[1:]
+    body = lines[:next(i for i, line in enumerate(lines) if line and not line.startswith("   "))]
+    code = textwrap.dedent("\n".join(body))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("240 JobSpec(name="), run.stderr

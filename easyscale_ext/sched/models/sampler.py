@@ -109,7 +109,7 @@ def sample_workload(trace_csv, apps, cluster, seed, load=1.0, rules="sia", jobs=
     """A Pollux-format workload (JobSpecs sorted by arrival, named `<application>-<index>`) drawn with `rules`
     ("sia" or "pollux") and `seed` from the Philly trace at `trace_csv`, for `cluster`."""
     rules = RULES[rules]
-    if load <= 0:
+    if not 0 < load < math.inf:
         raise ValueError(f"load {load}: the number of jobs relative to the samplers' {jobs}, a positive number")
     arrival, gpu_hours = philly_pool(str(trace_csv), *window)
     count = round(jobs * load)
@@ -118,10 +118,11 @@ def sample_workload(trace_csv, apps, cluster, seed, load=1.0, rules="sia", jobs=
     rng = np.random.default_rng(seed)
     picks = np.sort(rng.choice(len(arrival), size=count, replace=False))
     gpu_type, per_node = reference(rules, cluster)
+    bounds = [bound for bound, _ in APPLICATIONS]
     bands = [tuple(a for a in names if a not in rules.excluded) for _, names in APPLICATIONS]
     drawn = []
     for pick in picks:
-        names = bands[int(np.searchsorted([b for b, _ in APPLICATIONS], gpu_hours[pick], side="right"))]
+        names = bands[int(np.searchsorted(bounds, gpu_hours[pick], side="right"))]
         app = apps[str(rng.choice(names))]
         options = configurations(app, gpu_type, per_node, rules.gpu_counts)
         gpus, batch = options[rng.integers(len(options))]

@@ -79,8 +79,8 @@ class ElasticGoodputPolicy(SiaPolicy):
         if self.remaining:
             work = {job.name: left for job in jobs if (left := remaining_work(job)) is not None}
             median = statistics.median(work.values()) if work else 1.0
-            age = {job.name: (now - job.spec.arrival) / self.age_s for job in jobs}
-            self._weights = {name: max(median / left, min(age[name], 1.0)) for name, left in work.items()}
+            self._weights = {job.name: max(median / work[job.name], min((now - job.arrival) / self.age_s, 1.0))
+                             for job in jobs if job.name in work}
         return super().optimize(now, jobs, cluster, allocations)
 
     def _cost(self, value) -> float:
