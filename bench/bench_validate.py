@@ -119,7 +119,7 @@ def tables(figures, split, draws, policies) -> None:
             cells = [cell for cell, (s, _) in enumerate(CELLS) if s == shape]
             values = [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS)]
             p99 += [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS, "p99")]
-            per_shape.append(spread(values).split(" [")[0])
+            per_shape.append(f"{np.median(values):.3f}" if values else "-")
             every += values
         pays = f"{np.mean(np.array(every) > 1):.0%}" if every else "-"
         print(f"| {policy.removeprefix(OURS + '-')} | " + " | ".join(per_shape) +
