@@ -111,6 +111,8 @@ def make_workload(args) -> int:
     data, cluster = find_data(args.data), parse_cluster(args.cluster)
     trace_csv = data / "pollux" / "traces" / "philly.csv"
     if args.sample is not None:
+        if args.sample < 0:
+            raise UsageError(f"--sample {args.sample}: a seed is a whole number of at least 0")
         try:
             specs = sampler.sample_workload(trace_csv, Applications(data), cluster, args.sample, args.load,
                                             args.rules)

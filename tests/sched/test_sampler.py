@@ -116,3 +116,10 @@ def test_the_api_references_example_runs_as_written(tmp_path):
     code = textwrap.dedent("\n".join(body))
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.startswith("240 JobSpec(name="), run.stderr
+
+
+def test_the_command_refuses_a_negative_seed_and_writes_nothing(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "easyscale_ext.cli", "workload", "--sample", "-1", "--out",
+                          str(tmp_path / "w.csv")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "a seed is a whole number of at least 0" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "w.csv").exists()
