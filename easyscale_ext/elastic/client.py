@@ -117,11 +117,14 @@ def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = N
     except (RuntimeError, dist.DistError) as e:  # the C++ client's error text is a stack: say it in a line
         raise StoreUnreachable(unreachable) from e
     store.set_timeout(timedelta(seconds=timeout_s))
-    job = reached(store, _secret_for(address))
+    secret = _secret_for(address)
+    job = reached(store, secret)
     if job is None:
+        held = "" if not secret else " (the one it holds is another job's: a job at this address that was killed " \
+            f"may have left {secret_file(address)}; delete it)"
         raise NotTheJobsSecret(f"the job at {address} answers only its own processes and its owner's tools: this "
                                f"process has not its secret (${SECRET_ENV}, or {secret_file(address)} as "
-                               "`easyscale run` leaves it for the user who ran it)")
+                               f"`easyscale run` leaves it for the user who ran it){held}")
     return job
 
 

@@ -5,26 +5,36 @@ The store is a torch TCPStore hosted by the job's host (`easyscale run`'s launch
 every key under the job's secret (`hosted`). docs/ARCHITECTURE.md, "The job store", tables every key family:
 who writes it and who reads it.
 """
+import hashlib
 import json
 from typing import Dict, List, Optional, Sequence
 
 import torch.distributed as dist
 
-KEYED = "keyed"  # the one key outside the secret: that the job's keys are under one
+KEYED = "keyed"  # the one key outside the secret: that the job's keys are under one, and which one (a digest of it)
+
+
+def fingerprint(secret: str) -> str:
+    """What the store says of its secret: enough to tell a client its secret is another job's, nothing to derive
+    it from."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
 def hosted(server: dist.Store, secret: str) -> "JobStore":
     """The job's view of the store its host serves: every key under `secret`, which the store says it has."""
-    server.set(KEYED, "1")
+    server.set(KEYED, fingerprint(secret))
     return JobStore(dist.PrefixStore(secret, server))
 
 
 def reached(store: dist.Store, secret: Optional[str]) -> Optional["JobStore"]:
     """A client's view under `secret`, or without one where the store keeps no secret; None where this client
-    lacks the secret the store keeps its job's keys under."""
-    if secret:
-        return JobStore(dist.PrefixStore(secret, store))
-    return None if store.check([KEYED]) else JobStore(store)
+    lacks the secret the store keeps its job's keys under. A secret of another job (a stale file of a job killed
+    before it removed it, whose port this store reuses) is told apart: under it every wait would hang and every
+    request go unread."""
+    if not store.check([KEYED]):
+        return JobStore(store)
+    return JobStore(dist.PrefixStore(secret, store)) if secret and \
+        store.get(KEYED).decode() == fingerprint(secret) else None
 
 
 class JobStore:

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from easyscale_ext.elastic.client import SECRET_ENV, connect, current_members, request_scale, serve
+from easyscale_ext.elastic.client import (SECRET_ENV, NotTheJobsSecret, connect, current_members, new_secret,
+                                          request_scale, save_secret, serve)
+from easyscale_ext.elastic.protocol import hosted
 from easyscale_ext.elastic.launcher import ElasticLauncher
 from support.jobs import JOB, reference
 from support.sockets import listening
@@ -19,6 +21,24 @@ def test_a_job_store_listens_on_its_host_only_and_answers_there():
     assert listening(store.port) == ["127.0.0.1"]
     connect(f"127.0.0.1:{store.port}", timeout_s=5).set_target(3)
     assert store.get("target") == b"3"
+
+
+def test_a_stale_secret_file_neither_hangs_nor_goes_unread(tmp_path, monkeypatch):
+    """A job killed before it removed its secret file leaves it for its port: a later store on that port that keeps
+    no secret is reached without it (a request is read), and another job's store refuses it by name at once instead
+    of every wait hanging and every request going unread under the wrong prefix."""
+    monkeypatch.setenv("EASYSCALE_HOME", str(tmp_path))
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    plain = serve("127.0.0.1", timeout_s=5)
+    save_secret(f"127.0.0.1:{plain.port}", new_secret())
+    connect(f"127.0.0.1:{plain.port}", timeout_s=5).set_target(3)
+    assert plain.get("target") == b"3"
+    server = serve("127.0.0.1")
+    job = hosted(server, new_secret())
+    save_secret(f"127.0.0.1:{server.port}", new_secret())
+    with pytest.raises(NotTheJobsSecret, match="the one it holds is another job's"):
+        connect(f"127.0.0.1:{server.port}", timeout_s=5)
+    assert job.target() is None
 
 
 def test_easyscale_runs_store_is_on_loopback_by_default():
