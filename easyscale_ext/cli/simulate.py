@@ -1,7 +1,8 @@
 """`easyscale simulate`: run policies on a workload; print a table, write JSON and plots.
 
   easyscale simulate --workload FILE [--policy NAME,NAME,...|all] [--cluster SPEC] [--map APP=PROFILED]
-                     [--seed S] [--out DIR] [--calibration sia|easyscale] [--in-place policy|on|off]
+                     [--seed S] [--out DIR] [--calibration auto|none|sia|sia-restarts|easyscale]
+                     [--in-place policy|on|off]
                      [--freezing job|on|off] [--applications SEED]
 
 Several policies run one process each, two at a time. Also `easyscale workload`, which draws a workload from the
@@ -23,7 +24,7 @@ from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND
 from ..sched.models.cluster import DEFAULT, EASYSCALE, SHAPES, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
-from ..sched.policies import POLICIES, RUNNABLE
+from ..sched.policies import POLICIES, RUNNABLE, made
 from ..sched.simulator import EASYSCALE as EASYSCALE_MODEL
 from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, job_maker, simulate, validate
 from .errors import UsageError
@@ -61,14 +62,18 @@ def add_parser(subparsers):
     p.add_argument("--applications", type=int, default=None, metavar="SEED",
                    help="give the Philly trace's jobs profiled applications, drawn by their GPU-hours with this "
                         "seed (epochs fitted to their durations), so that every policy can run it")
-    p.add_argument("--calibration", choices=list(CALIBRATIONS), default="none",
-                   help="easyscale: the EasyScale artifact's job model, for its EasyScale-format workloads "
+    p.add_argument("--calibration", choices=["auto", *CALIBRATIONS], default="auto",
+                   help="auto (default): sia for a Pollux-format workload on a cluster of several GPU types (only "
+                        "Sia's artifact simulates one: Sia's setting), else none, the project's job model; "
+                        "easyscale: the EasyScale artifact's job model, for its EasyScale-format workloads "
                         "(models/easyscale.py: jobs of epochs x 1 %% of their data set in samples, compute time "
                         "only, a 20 s first start, free rescaling; a repeated job name keeps its last row); "
                         "sia-restarts: the Sia artifact's per-application restart seconds (15-250 s) over --restart "
                         "and --start, for restart-based jobs; "
                         "sia: its whole job model (also jobs 1.2-1.8x slower than profiled, its calibration to its "
-                        "testbed, and per-GPU batches bounded by each GPU type's own profile)")
+                        "testbed, and per-GPU batches bounded by each GPU type's own profile), and Pollux and Sia "
+                        "as it runs them (sched.policies.SIA_ARTIFACT: Pollux at p = 0.5, Sia's restart factor by "
+                        "application)")
     p.add_argument("--in-place", choices=["policy", "on", "off"], default="policy",
                    help="whether jobs rescale in place (measured pause plus the bytes that move) or restart: as "
                         "the policy's jobs do (default), or on/off for every policy (the ablation 'Sia + in place')")
@@ -201,7 +206,7 @@ def run_one(name, specs, cluster, args, position=0):
     bar = tqdm(total=len(specs), desc=f"{name:16s}", unit="job", position=position, leave=True,
                disable=args.no_progress)
     begin = time.perf_counter()
-    result = simulate(specs, RUNNABLE[name](args.seed), cluster, apps, config, progress=bar)
+    result = simulate(specs, made(name, args.calibration)(args.seed), cluster, apps, config, progress=bar)
     wall = time.perf_counter() - begin
     bar.close()
     isolated = isolated_runtimes(specs, apps, cluster, job_maker(config))
@@ -229,8 +234,13 @@ def main(args) -> int:
     specs, renamed, used = load(args, data, mapping)
     easyscale = specs[0].virtual_workers is not None
     cluster = parse_cluster(args.cluster or (EASYSCALE if easyscale else DEFAULT))
+    chosen = args.calibration
+    args.calibration = calibration_for(specs, cluster) if chosen == "auto" else chosen
     runnable = choose(names, specs, cluster, args.seed, sim_config(args).job_model, Applications(data))
     describe(cluster, easyscale and not args.cluster, used, renamed, args.calibration)
+    if chosen == "auto" and args.calibration == "sia":
+        print("job model and settings: Sia's artifact's (--calibration sia), the default for a Pollux-format "
+              "workload on several GPU types; --calibration none for the project's")
     items = [(i, n, specs, cluster, args) for i, n in enumerate(runnable)]
     if len(items) > 1:
         with multiprocessing.get_context("fork").Pool(2) as pool:
@@ -242,6 +252,12 @@ def main(args) -> int:
         tag = "+".join(names)  # `all`, or the policies named
         write_outputs(Path(args.out), Path(args.workload).stem, tag, cluster, args, used, runnable, runs)
     return 0
+
+
+def calibration_for(specs, cluster) -> str:
+    """The default calibration: Sia's setting for Pollux-format jobs on several GPU types, else the project's."""
+    pollux_format = all(s.app is not None and s.virtual_workers is None for s in specs)
+    return "sia" if pollux_format and len(set(cluster.types)) > 1 else "none"
 
 
 def choose(names, specs, cluster, seed, job_model, apps) -> list:

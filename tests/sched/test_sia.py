@@ -170,17 +170,22 @@ def test_no_allocation_penalty_makes_waiting_jobs_start(apps):
     assert SiaPolicy(lambda_n=0.0).optimize(60, jobs, HETERO, {}) == {}  # each costs 1^p > 0: none would run
 
 
-@pytest.mark.parametrize("on_four, expected", [(3.4, {"old": 4}), (2.0, {"old": 2, "new": 1})])
-def test_a_waiting_job_takes_gpus_only_when_that_costs_less(apps, monkeypatch, on_four, expected):
+@pytest.mark.parametrize("on_four, restart_by_app, expected", [(3.4, None, {"old": 4}),
+                                                                (2.0, None, {"old": 2, "new": 1}),
+                                                                (2.0, {"cifar10": 600.0}, {"old": 4})])
+def test_a_waiting_job_takes_gpus_only_when_that_costs_less(apps, monkeypatch, on_four, restart_by_app, expected):
     old = running(apps, "old", 4, "t4")
     new = make_job(JobSpec("new", 600, 1, "cifar10", 128), apps, None)
     values = {"old": {("t4", 1): 1.0, ("t4", 2): 1.9, ("t4", 4): on_four}, "new": {("t4", 1): 1.0}}
     monkeypatch.setattr(SiaPolicy, "_values", lambda self, job, *_: values[job.name])
-    alloc = SiaPolicy().optimize(660, [old, new], Cluster.parse("1x4:t4"), {"old": (0,) * 4})
+    alloc = SiaPolicy(restart_by_app=restart_by_app).optimize(660, [old, new], Cluster.parse("1x4:t4"),
+                                                              {"old": (0,) * 4})
     # By hand, cost value^-0.5 - 1.1 per running job, + 0.01 for a change, whose value is scaled by the restart
     # factor (660 - 0) / (660 + 30) = 0.9565. old keeps 4: on_four^-0.5 - 1.1 = -0.558 (3.4), -0.393 (2.0).
     # old shrinks to 2, new runs on 1: (1.9 x 0.9565)^-0.5 - 1.1 + 0.01 + 1 - 1.1 = -0.448. old on 1 and new on 1:
-    # (0.9565)^-0.5 - 1.1 + 0.01 + 1 - 1.1 = -0.168. The least: keeping 4 at 3.4, shrinking at 2.0.
+    # (0.9565)^-0.5 - 1.1 + 0.01 + 1 - 1.1 = -0.168. The least: keeping 4 at 3.4, shrinking at 2.0. With cifar10's
+    # restart charged 600 s the factor is 660 / 1260 = 0.5238: shrinking costs (1.9 x 0.5238)^-0.5 - 1.2 = -0.189,
+    # above keeping 4 at 2.0 (-0.393).
     assert {n: len(a) for n, a in alloc.items()} == expected
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from easyscale_ext.cli import simulate as simulate_cli
 from easyscale_ext.cli.errors import UsageError
-from easyscale_ext.sched.policies import POLICIES
+from easyscale_ext.sched.policies import POLICIES, made
 
 WORKLOAD = "pollux/workloads/workload-6.csv"  # inside the data folder
 PHILLY = "pollux/traces/philly.csv"
@@ -145,3 +145,24 @@ def test_the_job_model_switches_reach_every_policy(tmp_path):
     assert config["restart_by_app"]["imagenet"] == 250 and config["slowdown"] == {}
     with pytest.raises(SystemExit):
         parse("--workload", WORKLOAD, "--in-place", "sometimes")
+
+
+def test_a_pollux_format_workload_on_several_types_runs_in_sias_setting_by_default(tmp_path, capsys):
+    """Only Sia's artifact simulates Pollux-format jobs on several GPU types: its job model and its runs of Pollux and
+    Sia are the default there (stated), and --calibration none gives the project's; on one type nothing changes."""
+    sia = "sia/workloads/philly/workload-1.csv"
+    assert simulate_cli.main(parse("--workload", sia, "--policy", "sia", "--limit", "4", "--cluster", "sia",
+                                   "--out", str(tmp_path / "auto"))) == 0
+    assert "job model and settings: Sia's artifact's (--calibration sia)" in capsys.readouterr().out
+    config = json.loads((tmp_path / "auto" / "workload-1-sia.json").read_text())["config"]
+    assert config["slowdown"]["cifar10"] == 1.8 and config["per_type_batch"]
+    assert simulate_cli.main(parse("--workload", sia, "--policy", "sia", "--limit", "4", "--cluster", "sia",
+                                   "--calibration", "none", "--out", str(tmp_path / "none"))) == 0
+    assert "Sia's artifact's" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "none" / "workload-1-sia.json").read_text())["config"]["slowdown"] == {}
+    assert simulate_cli.main(parse("--workload", sia, "--policy", "fifo", "--limit", "4", "--cluster", "4x4",
+                                   "--out", str(tmp_path / "one"))) == 0
+    assert json.loads((tmp_path / "one" / "workload-1-fifo.json").read_text())["config"]["slowdown"] == {}
+    assert made("pollux", "sia")(0).p == 0.5 and made("pollux", "none")(0).p == -1.0
+    assert made("sia", "sia")(0).restart_by_app["imagenet"] == 250
+    assert made("sia", "sia-restarts")(0).restart_by_app == {}
