@@ -71,8 +71,9 @@ def run(task, search=None):
         specs = load_workload(data / "pollux" / "traces" / "philly.csv", limit=target)
     begin = time.perf_counter()
     calibration = "sia" if kind == "sia" and folder != "none" else "none"  # under its job model, its Pollux and Sia
-    chosen = PolluxPolicy(seed, search=search[0], population=search[1], generations=search[2]) \
-        if search and policy == "pollux" else made(policy, calibration)(seed)
+    chosen = made(policy, calibration)(seed)
+    if search and policy == "pollux":  # the search asked for, at the setting's p
+        chosen = PolluxPolicy(seed, p=chosen.p, search=search[0], population=search[1], generations=search[2])
     result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
