@@ -120,8 +120,8 @@ def connect(address: str, timeout_s: float = 300.0, connect_timeout_s: float = N
     secret = _secret_for(address)
     job = reached(store, secret)
     if job is None:
-        held = "" if not secret else " (the one it holds is another job's: a job at this address that was killed " \
-            f"may have left {secret_file(address)}; delete it)"
+        held = "" if not secret else f" (the one it holds is another job's: ${SECRET_ENV} set for another job, or " \
+            f"{secret_file(address)} left by a job at this address that was killed: delete it)"
         raise NotTheJobsSecret(f"the job at {address} answers only its own processes and its owner's tools: this "
                                f"process has not its secret (${SECRET_ENV}, or {secret_file(address)} as "
                                f"`easyscale run` leaves it for the user who ran it){held}")
