@@ -88,6 +88,7 @@ class RayCluster:
         self.table, self.policy, self.apps, self.slot_type, self.round_s = table, policy, apps, slot_type, round_s
         self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
         self.jobs: Dict[str, Tracked] = {}  # live job id -> its record
+        self.fits = {}  # the throughput fits its job models share (AppJob._fit)
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
         self.t0 = time.time()
         self.round_seconds = deque(maxlen=ROUNDS_KEPT)  # seconds each round took (decision and actuation)
@@ -242,6 +243,8 @@ class RayCluster:
                 record.model = live.job_model(job["id"], job["submitted"] - self.t0, job["virtual_workers"],
                                               job["max_procs"], app, job["batch_size"], self.policy,
                                               d2=determinism.ISA_ENV in job["env"])
+                if app is not None:
+                    record.model.fits = self.fits  # shared by this scheduler's jobs, as by a simulation's
                 live.restore(record.model, job["history"])  # a job the scheduler before this one modelled
                 if job["nodes"]:  # a job taken back after a restart
                     live.place(record.model, self._groups(job["nodes"]))

@@ -95,7 +95,9 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
         specs = [replace(s, heterogeneous=True) if s.app and s.virtual_workers is None else s for s in specs]
     make = job_maker(config)
     jobs = [make(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
+    fits = {}  # the throughput fits this simulation's jobs share (AppJob._fit)
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
+        job.fits = fits
         job.freezing = timeline_for(job.spec, config)
         job.slowdown = config.slowdown.get(job.spec.app, 1.0)
         job.per_type_batch = config.per_type_batch

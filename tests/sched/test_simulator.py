@@ -317,3 +317,19 @@ def test_processes_starting_beyond_parallel_starts_share_the_machine():
     # 3 processes, 5 s left, at 2/3 speed: to 22.5
     assert run(2, *jobs) == {"a": 115, "b": 122.5, "c": 122.5}
     assert run(4, *jobs) == {"a": 110, "b": 115, "c": 115}  # 4 processes at once: full speed
+
+def test_a_runs_throughput_fits_are_its_own_whatever_ran_before_on_the_same_applications(apps):
+    """A fit's last bits depend on the order of its measurements. Two runs' jobs with the same measurements in
+    another order each get their own order's fit: a cache on the shared Application gave the second run the first
+    run's fit, so a figure depended on what had been simulated before in the process."""
+    from easyscale_ext.sched.models.job import make_job
+    from easyscale_ext.sched.models.throughput import fit_perf_params
+
+    profile = apps["cifar10"].profile("t4")
+    measured = {(1, r, b): profile.step_time((r,), b) for r, b in ((1, 128), (2, 64), (4, 32))}
+    measured[2, 8, 16] = profile.step_time((4, 4), 16)
+    orders = [dict(sorted(measured.items())), dict(sorted(measured.items(), reverse=True))]
+    fits = [fit_perf_params(*zip(*((*k, *v) for k, v in order.items()))) for order in orders]
+    assert fits[0] != fits[1]  # else the test shows nothing
+    spec = JobSpec("a", 0, 1, "cifar10", 128)
+    assert [make_job(spec, apps, None)._fit(order) for order in orders] == fits

@@ -51,7 +51,6 @@ class Application:
         self.init_batch_size = self.noise.init_batch_size
         self.max_batch_size = self.noise.max_batch_size
         self._profiles = {}
-        self.fits = {}  # frozenset of measurements ((nodes, replicas, micro-batch), (step, sync)) -> PerfParams
         t4 = self.profile("t4")  # the batch limits are the measured (T4) ones, as in the artifact
         self.min_local_bsz = t4.min_local_bsz
         self.max_local_bsz = MAX_LOCAL_BSZ.get(name, t4.max_local_bsz)

@@ -222,6 +222,7 @@ class AppJob(Job):
         # a configuration's first measurement whatever the GPU type (what policies read)
         self.observed_on = {}  # GPU type -> the same, measured on that type (with per_type_fit)
         self.perf = None  # throughput model fitted to `observed`, or with per_type_fit to the current type's
+        self.fits = {}  # frozenset of measurements -> PerfParams; the jobs of one run share one (`_fit`)
         self.grad = None  # last measured (grad_sqr, grad_var)
         self._mixed = 0.0  # seconds per step on mixed GPU types (mixed_step)
 
@@ -301,13 +302,14 @@ class AppJob(Job):
         return self.observed_on.setdefault(self.gpu_type, {}) if self.per_type_fit else self.observed
 
     def _fit(self, observed):
-        """The throughput model fitted to `observed`: jobs of one application tend to measure the same, so the fit
-        is shared (keyed by the measurements themselves: the same configurations may have been measured on other
-        types)."""
+        """The throughput model fitted to `observed`: jobs of one application tend to measure the same, so the jobs
+        of one simulation (or one scheduler) share their fits, keyed by the measurements themselves (the same
+        configurations may have been measured on other types). A fit's last bits depend on the order of its
+        measurements, so the cache lives no longer than the run: another run's order never decides this one's."""
         key = frozenset(observed.items())
-        if key not in self.app.fits:
-            self.app.fits[key] = fit_perf_params(*zip(*((*k, *v) for k, v in observed.items())))
-        return self.app.fits[key]
+        if key not in self.fits:
+            self.fits[key] = fit_perf_params(*zip(*((*k, *v) for k, v in observed.items())))
+        return self.fits[key]
 
     def iteration_time(self) -> float:
         if self.mixed:  # no per-type measurement to record; the step of the balanced split (mixed_step)
