@@ -14,7 +14,7 @@ or `freezing` is "on" (models/freezing.py).
 import math
 from collections import Counter
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -91,8 +91,6 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
         raise ValueError(f"in_place {config.in_place!r}: expected one of {', '.join(IN_PLACE_MODES)}")
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
-    if policy.mixes_types:  # a Pollux- or Sia-format job does not say; on this runtime it may mix types at D2
-        specs = [replace(s, heterogeneous=True) if s.app and s.virtual_workers is None else s for s in specs]
     make = job_maker(config)
     jobs = [make(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
     fits = {}  # the throughput fits this simulation's jobs share (AppJob._fit)

@@ -96,3 +96,27 @@ def test_the_age_bound_lifts_a_held_back_job_towards_the_median_with_its_time_in
     assert policy._weights["a"] == pytest.approx(median / left["a"])  # far above any floor
     assert policy._weights["b"] == pytest.approx(max(median / left["b"], floor))
     assert policy.name == "elastic-goodput" + ("" if age_s == math.inf else f"-age-{age_s / 3600:g}h")
+
+
+class TypesRecorded(ElasticGoodputPolicy):
+    """Ours, recording the set of GPU types of every allocation it decides."""
+
+    def __init__(self):
+        super().__init__()
+        self.types = set()
+
+    def optimize(self, now, jobs, cluster, allocations):
+        decided = super().optimize(now, jobs, cluster, allocations)
+        self.types |= {frozenset(cluster.types[n] for n in alloc) for alloc in decided.values() if alloc}
+        return decided
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_ours_spans_gpu_types_only_for_a_job_whose_workload_allows_it(apps, declared):
+    """BERT (D2 cheap) on 4 T4s and 4 2080Tis: declared heterogeneous (EasyScale's workload column), it runs on
+    both types at once and ends sooner; a Pollux-format job says nothing and keeps to one type at a time."""
+    spec = JobSpec("b", 0, 4, "bert", 384, heterogeneous=declared)
+    policy = TypesRecorded()
+    jct = simulate([spec], policy, Cluster.parse("1x4:t4,1x4:2080ti"), apps).jobs[0]["jct"]
+    assert (frozenset({"t4", "2080ti"}) in policy.types) == declared, policy.types
+    assert (jct < 3000) == declared, jct  # about 2,830 s spanning, 3,540 s on one type at a time

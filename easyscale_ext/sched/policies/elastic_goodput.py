@@ -6,7 +6,8 @@ models/freezing.py: freezing off unless a job opts in).
 - Mixed GPU types (`mixed`): with virtual workers a job can span GPU types and keep its bits (D2), its batch split
   by the GPUs' measured speeds (virtual_workers.mixed_step: placement.optimal_split, D2's measured cost,
   EasyScale's waste).
-  Sia keeps a job on one type. Besides Sia's one-type configurations, a job whose D2 costs at most 10 %
+  Sia keeps a job on one type. Besides Sia's one-type configurations, a job that may mix types (JobSpec.heterogeneous:
+  its workload says so, as EasyScale's `enable_heterogeneous_deterministic` does) and whose D2 costs at most 10 %
   (workload.D2_MAX_COST, EasyScale's own rule: the transformers, not the CNNs), or that pays D2 on one type too (a
   cluster job submitted at --level D2), is offered pairs of any two of the cluster's types: g1 GPUs of the type
   faster for it and g2 of the slower, each a count Sia would offer on that type, g1 + g2 within what one type may
@@ -96,8 +97,9 @@ class ElasticGoodputPolicy(SiaPolicy):
         return {c: v / least for c, v in goodput.items() if v > 0}
 
     def spans_types(self, job) -> bool:
-        """A job that may run at D2, of more than one GPU, where D2 is cheap or paid anyway (it runs at D2 on one
-        type too)."""
+        """A job that may mix types, of more than one GPU, where D2 is cheap or paid anyway (it runs at D2 on one
+        type too). A Pollux- or Sia-format job says nothing and stays on one type: offering BERT's jobs pairs
+        unasked paid nothing on the decision draws of bench/bench_validate.py (BENCHMARKS.md)."""
         return self.mixed and job.spec.heterogeneous and not job.app.single_gpu and (
             job.spec.runs_d2 or job.app.d2_cost <= D2_MAX_COST)
 
