@@ -37,8 +37,8 @@ core:
 	ctest --test-dir build/core-cpu --output-on-failure
 
 test: build core
-	$(PY) -m pytest -n 2 -m 'not serial' -ra --durations=25
-	$(PY) -m pytest -m serial -ra
+	$(PY) -m pytest -n 2 -m 'not serial' -ra --durations=25 --junitxml=build/tests-parallel.xml
+	$(PY) -m pytest -m serial -ra --junitxml=build/tests-serial.xml
 
 FAST := not multiprocess and not slow and not serial and not gpu
 
