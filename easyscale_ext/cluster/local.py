@@ -18,14 +18,16 @@ HOST = "127.0.0.1"
 def loopback_env(home: Optional[str] = None) -> Dict[str, str]:
     """The environment every process that starts or joins a local Ray must have: Ray resolves its own
     address to 127.0.0.1, sends no usage statistics, and finds a bootstrap file in HOME, which stops its
-    cloud probe."""
+    cloud probe. Its jobs' gloo groups use the loopback interface too (by default gloo binds to whatever address
+    the machine's hostname resolves to)."""
     home = home or os.path.join(tempfile.gettempdir(), f"easyscale-ray-home-{os.getuid()}")
     os.makedirs(home, exist_ok=True)
     bootstrap = os.path.join(home, "ray_bootstrap_config.yaml")
     if not os.path.exists(bootstrap):
         with open(bootstrap, "w") as f:
             f.write("{}\n")
-    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "HOME": home}
+    gloo = {"GLOO_SOCKET_IFNAME": "lo"} if sys.platform.startswith("linux") else {}
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "HOME": home, **gloo}
 
 
 def use_loopback(home: Optional[str] = None) -> None:
