@@ -301,9 +301,13 @@ def ray_job(args):
 
 
 def steps_done(out, step):
-    """Whether the job has completed step `step` (its step log says so)."""
+    """Whether the job has completed step `step` (its step log says so). The log is read while the job appends to
+    it: a line without its newline is still being written and is left for the next look."""
     path = os.path.join(out, "steps.jsonl")
-    return os.path.exists(path) and any(json.loads(line)["step"] >= step for line in open(path) if line.strip())
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return any(json.loads(line)["step"] >= step for line in f if line.endswith("\n") and line.strip())
 
 
 def event(out, what):
