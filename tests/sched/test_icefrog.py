@@ -4,11 +4,12 @@ from dataclasses import astuple, replace
 import pytest
 
 from easyscale_ext.sched.models.cluster import Cluster
+from easyscale_ext.sched.models.freezing import MEASURED, Freezing, from_run
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.policies.fifo import FifoPolicy
-from easyscale_ext.sched.policies.icefrog import MEASURED, Freezing, IceFrogPolicy, from_run
+from easyscale_ext.sched.policies.icefrog import IceFrogPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
 FREE = SimConfig(round_s=60, restart_s=0, start_s=0)

@@ -19,7 +19,6 @@ from functools import lru_cache
 import numpy as np
 
 from ..models import goodput
-from ..models.freezing import MEASURED, Freezing, from_run  # noqa: F401 (where IceFrog's timeline was defined)
 from .base import grant_by_marginal_gain, place_counts
 from .tiresias import TiresiasPolicy
 
