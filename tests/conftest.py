@@ -7,8 +7,8 @@ from easyscale_ext.cluster.local import use_loopback
 
 # Every Ray the tests start stays on loopback: by default Ray takes the machine's interface address for its nodes
 # and asks a cloud metadata address which cloud it is on, and gloo binds to the hostname's address; `use_loopback`
-# sets the environment that keeps all three on this machine, for every process group a test starts too. Ray reads it when first imported, which any test module may do at collection: hence here, before
-# them all.
+# sets the environment that keeps all three on this machine, for every process group a test starts too. Ray reads
+# it when first imported, which any test module may do at collection: hence here, before them all.
 use_loopback()
 
 
