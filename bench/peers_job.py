@@ -197,8 +197,12 @@ def easyscale_job(args):
     def train_step(step):
         # A step is complete when the next one starts (its optimizer step and the boundary after it are done);
         # one started again after a lost process was never completed, and one logged is not logged again when
-        # the step after it is started again.
-        if done and logged[0] < done["step"] < step.number and ddp.rank == 0:
+        # the step after it is started again. A step this process did not finish, because a process was lost in
+        # its exchange, was finished by a survivor whose state the recovery took: it ran in the configuration of
+        # the step before it, and its loss is not known here.
+        if done and logged[0] < step.number - 1 and ddp.rank == 0:
+            if done["step"] < step.number - 1:
+                done.update(step=step.number - 1, loss=None)
             log.write(**done)
             logged[0] = done["step"]
         losses = []
