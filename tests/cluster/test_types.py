@@ -78,7 +78,7 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
             "--level", "D2"]
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "moved", ENV, "cifar10", None, "D2"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # the first steps: slot actors and two processes that import torch
         wait_for_step(status, 3, deadline)
         assert status()["nodes"] == [t4, t4]
         assert ray.get(scheduler.reserve.remote(2, t4)) == [t4, t4]  # suspends it
