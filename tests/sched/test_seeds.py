@@ -27,6 +27,32 @@ def test_dp_matches_brute_force_on_small_cases():
         assert sum(v[c] for v, c in zip(values, counts)) == pytest.approx(brute_force(values, gpus))
 
 
+def every_row(values, gpus):
+    """The knapsack without allocate's shortcuts: every count of every job on every row."""
+    best, picks, c = np.zeros(gpus + 1), [], np.arange(gpus + 1)[:, None]
+    for v in values:
+        k = np.arange(min(len(v), gpus + 1))
+        total = np.where(c >= k, best[np.maximum(c - k, 0)] + np.asarray(v, dtype=float)[k], -np.inf)
+        picks.append(np.argmax(total, axis=1))
+        best = total[c[:, 0], picks[-1]]
+    counts, left = [], gpus
+    for pick in reversed(picks):
+        counts.append(int(pick[left]))
+        left -= counts[-1]
+    return counts[::-1]
+
+
+def test_dp_shortcuts_change_no_pick_even_among_ties():
+    """Values with flat and falling tails and many equal totals (small integers), on clusters smaller and larger
+    than the jobs can use: the same counts as the full table."""
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        jobs, gpus = int(rng.integers(1, 8)), int(rng.integers(0, 40))
+        values = [np.concatenate([[0.0], rng.integers(0, 4, rng.integers(1, 12)).astype(float)])
+                  for _ in range(jobs)]
+        assert allocate(values, gpus) == every_row(values, gpus), (values, gpus)
+
+
 def test_dp_by_hand():
     # b does not scale beyond 1 GPU, a's 4th GPU adds less (0.4) than b's first (1): a gets 3, b 1.
     assert allocate([[0, 1, 1.8, 2.4, 2.8], [0, 1, 1, 1, 1]], 4) == [3, 1]
