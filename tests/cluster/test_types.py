@@ -13,7 +13,7 @@ from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.lifecycle import LIVE
 from support.jobs import reference
-from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
+from test_scheduler import ENV, START_S, job_argv, resumable_argv, stop, wait_for_step
 
 pytestmark = pytest.mark.multiprocess
 
@@ -78,7 +78,7 @@ def test_a_d2_job_suspended_on_one_type_resumes_on_the_other_smaller_bitwise(typ
             "--level", "D2"]
         job = ray.get(scheduler.submit.remote(argv, 4, 1, 2, "moved", ENV, "cifar10", None, "D2"))
         status = lambda: ray.get(scheduler.status.remote(job))[0]  # noqa: E731
-        deadline = time.monotonic() + 240  # the first steps: slot actors and two processes that import torch
+        deadline = time.monotonic() + START_S
         wait_for_step(status, 3, deadline)
         assert status()["nodes"] == [t4, t4]
         assert ray.get(scheduler.reserve.remote(2, t4)) == [t4, t4]  # suspends it
@@ -108,7 +108,7 @@ def test_easyscale_heter_admits_and_spreads_a_d2_job_over_both_types_bitwise(typ
         argv = job_argv(tmp_path / "hash", 4, steps=40) + ["--level", "D2", "--sleep-until", str(grown)]
         job = ray.get(scheduler.submit.remote(argv, 4, 3, 4, "spread", ENV, "deepspeech2", None, "D2"))
         types = dict(zip(typed.node_ids(), ("t4", "a100")))
-        held, deadline = [], time.monotonic() + 240
+        held, deadline = [], time.monotonic() + START_S
         while (status := ray.get(scheduler.status.remote(job))[0])["state"] in LIVE:
             assert time.monotonic() < deadline, f"did not end: {status}"
             held.append(sorted(types[n] for n in status["nodes"]))
