@@ -10,11 +10,11 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import JOB, reference
+from support.jobs import JOB, START_S, reference
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-LONG = dict(n=4, steps=50, epochs=2)  # 100 steps of >= 0.4 s until the events below are over: longer than them
+LONG = dict(n=4, steps=50, epochs=2)  # 100 steps of >= 1 s until the events below are over: longer than them
 SHORT = dict(n=2, steps=4, epochs=2)
 
 
@@ -26,8 +26,8 @@ def argv(out, events, n, steps, epochs, sleep):
 def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_path):
     a, b = cluster.node_ids()
     scheduler = launch(str(tmp_path / "state"), "easyscale-homo", 1.0)
-    seen = tmp_path / "seen"  # the long job's steps take 0.4 s until the events are over, then no longer than they need
-    long_job = ray.get(scheduler.submit.remote(argv(tmp_path / "h0", tmp_path / "e0", sleep=0.4, **LONG) + [
+    seen = tmp_path / "seen"  # the long job's steps take 1 s until the events are over, then no longer than they need
+    long_job = ray.get(scheduler.submit.remote(argv(tmp_path / "h0", tmp_path / "e0", sleep=1.0, **LONG) + [
         "--sleep-until", str(seen)], 4, 1, 2, "long", ENV, "cifar10"))
     log = []
 
@@ -42,7 +42,7 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     def logs():  # pytest.fail, unlike assert, prints all of it
         return "\n".join(f"{p.relative_to(tmp_path)}: {p.read_text()[-800:]}" for p in tmp_path.glob("state/logs/*/*"))
 
-    def wait(what, condition, timeout=90):
+    def wait(what, condition, timeout=START_S):
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
@@ -63,7 +63,7 @@ def test_grow_reserve_lose_a_node_and_queue_with_every_job_bitwise(cluster, tmp_
     seen.touch()
     short = [ray.get(scheduler.submit.remote(argv(tmp_path / f"h{i}", tmp_path / f"e{i}", sleep=0.1, **SHORT), 2,
                                              1, 2, f"short{i}", ENV, "cifar10")) for i in (1, 2)]
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + START_S
     while True:
         jobs = {j["id"]: j for j in ray.get(scheduler.status.remote())}
         if all(j["state"] not in LIVE for j in jobs.values()):

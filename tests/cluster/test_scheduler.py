@@ -14,15 +14,12 @@ from easyscale_ext.cluster.backend import policy_view
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import JOB, reference
+from support.jobs import JOB, START_S, reference
 from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 PER_JOB = ("cluster.jobs", "cluster.seen", "limits.limits")  # what the scheduler keeps of each live job
-# Seconds a job may take to its first steps: slot actors start and its processes import torch, on two cores the
-# other test worker keeps busy (over 100 s on the slower machines).
-START_S = 240
 
 
 def test_the_policy_sees_nodes_by_type_then_id_as_the_simulation_does():

@@ -10,14 +10,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from easyscale_ext.cluster import NAMESPACE, SLOT
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
-from support.jobs import JOB, reference
+from support.jobs import JOB, START_S, reference
 from support.sockets import listening
 
 pytestmark = pytest.mark.multiprocess
 JOB_ARGS = dict(n=4, steps=8, epochs=2)  # 16 steps
 
 
-def wait(condition, what: str, timeout: float = 120.0):
+def wait(condition, what: str, timeout: float = START_S):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -61,12 +61,14 @@ def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing
     processes. It grows to 2 (one joiner), leaves a, then grows the rest (before, the second joiner waited for
     admission forever, holding its slot, and the process on a never left)."""
     a, b = cluster.node_ids()
-    moved = tmp_path / "moved"  # its steps take 1 s until the move is seen, then no more time than they need
-    supervisor, status = started_job(tmp_path, "job-past", [a], 1.0, "--steps", "20", "--sleep-until", str(moved),
+    # Its 40 steps take 6 s each until the move is seen, then no more time than they need: the move starts two
+    # processes, which took over 40 s on a loaded two-core machine.
+    moved = tmp_path / "moved"
+    supervisor, status = started_job(tmp_path, "job-past", [a], 6.0, "--steps", "20", "--sleep-until", str(moved),
                                      virtual_workers=2)
     try:
         ray.get(supervisor.place.remote([b, b]))
-        wait(lambda: status().nodes == [b, b] or status().done is not None, "the move", timeout=90)
+        wait(lambda: status().nodes == [b, b] or status().done is not None, "the move")
         assert status().nodes == [b, b], status()
         moved.touch()
         wait(lambda: status().done is not None, "the end")
@@ -106,7 +108,7 @@ def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path,
     try:
         if how == "failure":  # kill -9 of a process: its replacement must find the slot free
             ray.get(ray.get_actor(f"job-{how}/w1", namespace=NAMESPACE).kill.remote())
-            wait(lambda: status().members == ["w0", "w2"], "replacement admitted", timeout=90)
+            wait(lambda: status().members == ["w0", "w2"], "replacement admitted")
             return
         other = slot_on(a)  # node a is full: this waits for a slot the job leaves
         assert not ray.wait([other.node.remote()], timeout=1.0)[0]
@@ -114,7 +116,7 @@ def test_a_slot_is_free_again_at_once_when_its_process_leaves(cluster, tmp_path,
             ray.get(supervisor.cancel.remote())
         else:
             ray.get(supervisor.place.remote([a] if how == "shrink" else [b, b]))
-            wait(lambda: status().exited, "a process leaving", timeout=90)
+            wait(lambda: status().exited, "a process leaving")
         left = time.monotonic()
         assert ray.get(other.node.remote(), timeout=10) == a
         print(f"{how}: slot free {time.monotonic() - left:.2f} s after the process left")

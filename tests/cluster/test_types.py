@@ -12,8 +12,8 @@ import ray
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
 from easyscale_ext.sched.lifecycle import LIVE
-from support.jobs import reference
-from test_scheduler import ENV, START_S, job_argv, resumable_argv, stop, wait_for_step
+from support.jobs import START_S, reference
+from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
 
 pytestmark = pytest.mark.multiprocess
 

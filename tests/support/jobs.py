@@ -12,6 +12,9 @@ import pytest
 from easyscale_ext import determinism
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
+# Seconds a job may take to start processes and reach its first steps under Ray: slot actors start and its
+# processes import torch, on two cores the other test worker keeps busy (over 100 s on the slower machines).
+START_S = 240
 
 
 def _flags(options) -> List[str]:
