@@ -512,6 +512,9 @@ def main():
     ap.add_argument("--virtual-workers", dest="n", type=int, default=4)  # not --n: torchrun would take it
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--fork", type=int, default=0, help="run as rank 0 and fork ranks 1..procs-1 from it: the "
+                    "processes share one interpreter start and torch import (the test launcher's, where every rank "
+                    "has the same environment)")
     ap.add_argument("--ranges", default="")
     ap.add_argument("--init", default="")
     ap.add_argument("--steps", type=int, default=3)
@@ -569,6 +572,31 @@ def main():
     ap.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                     help="forward under torch.autocast at this dtype; fp16 also scales the loss (GradScaler)")
     args = ap.parse_args()
+    children = fork_ranks(args) if args.fork else []
+    train(args)  # an error leaves at once, as a rank of its own process would: the others see its group close
+    failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        sys.exit(f"forked ranks failed (pids {failed})")
+    if args.mode == "ddp":  # torch DDP keeps its gloo group alive into interpreter shutdown, where it
+        sys.stdout.flush()  # can abort the process (pytorch/pytorch#190489): leave without a shutdown
+        os._exit(0)
+
+
+def fork_ranks(args) -> list:
+    """Fork ranks 1..procs-1 before any torch op (no thread or kernel state yet to inherit); returns the children's
+    pids in rank 0 and [] in a child, whose args now name its rank."""
+    sys.stdout.flush()
+    children = []
+    for rank in range(1, args.procs):
+        pid = os.fork()
+        if pid == 0:
+            args.rank = rank
+            return []
+        children.append(pid)
+    return children
+
+
+def train(args):
     torch.set_num_threads(args.threads)  # conv weight gradients change bits with the thread count
     if args.level != "D0" and args.mode != "easyscale":
         torch.use_deterministic_algorithms(True)
@@ -609,9 +637,6 @@ def main():
     if finished and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    if args.mode == "ddp":  # torch DDP keeps its gloo group alive into interpreter shutdown, where it
-        sys.stdout.flush()  # can abort the process (pytorch/pytorch#190489): leave without a shutdown
-        os._exit(0)
 
 
 if __name__ == "__main__":
