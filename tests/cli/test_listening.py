@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from support.jobs import JOB, descendants, kill_tree
+from support.jobs import JOB, START_S, descendants, kill_tree
 from support.sockets import listening_of, on_loopback
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -33,7 +33,7 @@ def sessions(ids):
 def listeners_once_training(pids_of, times, kinds):
     """The listening sockets of the job's processes (`pids_of()`) once it has trained a step (its --log-times file
     `times` has a line), seen until every kind of process in `kinds` (command names) listens."""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + START_S
     while True:
         found = listening_of(pids_of())
         if times.exists() and times.read_text().strip() and kinds <= {command for _, command, _, _ in found}:
