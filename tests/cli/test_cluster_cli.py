@@ -20,7 +20,7 @@ PRINT_ARGV = "import sys; print('argv', sys.argv[1:])\n"
 def easyscale(tmp_path):
     env = dict(os.environ, EASYSCALE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
 
-    def run(*args, timeout=180):
+    def run(*args, timeout=300):  # `logs -f` waits for a job: its start and steps on a loaded machine
         return subprocess.run([sys.executable, "-m", "easyscale_ext.cli", *args], capture_output=True, text=True,
                               env=env, timeout=timeout, cwd=ROOT)
     yield run
