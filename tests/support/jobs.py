@@ -155,11 +155,16 @@ needs_older = pytest.mark.skipif(OLDER is None, reason=f"no instruction-set leve
 
 def run_script(argv: List[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python ARGV` (one intra-op thread) to its end; whatever it started (Lightning's or torchrun's worker
-    processes) is killed afterwards, even on a timeout."""
+    processes) is killed afterwards. Past `timeout` it is killed too, and returns what it printed until then (the
+    caller's assertion shows where it hung)."""
     proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate(timeout=60)
+        err += f"\n[killed: still running after {timeout} s]"
     finally:
         kill_tree(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
