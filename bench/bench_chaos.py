@@ -99,8 +99,10 @@ class Chaos:
         self.outs, self.ids = {}, []
         for i, ((n, procs, steps), app) in enumerate(zip(specs, applications(seed, len(specs)))):
             out = os.path.join(work, f"hash{i}")
-            job = self.call("submit", argv(out, os.path.join(work, f"ckpt{i}"), n, steps), n, 1, procs, f"job{i}", env,
-                            app)
+            # Not self.call: a submission is not repeated (one the scheduler was slow to answer under load would be
+            # queued twice); no fault strikes before the last one.
+            job = ray.get(self.scheduler.submit.remote(argv(out, os.path.join(work, f"ckpt{i}"), n, steps), n, 1,
+                                                       procs, f"job{i}", env, app))
             self.ids.append(job)
             self.outs[out] = job
         self.timeline = {job: [] for job in self.ids}  # job -> [(time, state, step)]
@@ -126,6 +128,8 @@ class Chaos:
         while not self.done.is_set():
             now = time.time()
             for job in self.call("status"):
+                if job["id"] not in self.timeline:
+                    continue
                 progress = (job["live"] or {}).get("progress") or {}
                 self.timeline[job["id"]].append((now, job["state"], progress.get("step", 0),
                                                  list((job["live"] or {}).get("members", []))))
@@ -195,6 +199,8 @@ class Chaos:
                 if hit is not None:
                     break
                 time.sleep(1)
+                if not self.watcher.is_alive():  # what it knows of the jobs would never change again
+                    raise RuntimeError("the watcher of the jobs' status ended; its error is above")
                 if all(self.latest(j)[1] in ("finished", "failed") for j in self.ids):
                     return
             self.faults.append(dict(kind=kind, at=at, hit=hit, steps=steps))
