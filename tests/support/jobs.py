@@ -1,4 +1,5 @@
 """Runs tests/support/train_job.py as real processes on localhost and returns rank 0's state hash."""
+import contextlib
 import functools
 import os
 import signal
@@ -73,12 +74,16 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
                 env = dict(os.environ, OMP_NUM_THREADS="1")
                 env.update(env_per_rank[rank])
                 children.append(subprocess.Popen(args + flags, env=env, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True))
+                                                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
             for child in children:
                 logs.append(child.communicate(timeout=timeout)[0])
         finally:
             for child in children:
                 kill_tree(child)
+                # Forked ranks left behind by a rank 0 that failed first are no longer its descendants, but stay in
+                # its process group (which keeps its id while one of them lives).
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
         failed = [(i, c.returncode) for i, c in enumerate(children) if c.returncode != 0]
         if failed:
             raise RuntimeError(f"{mode} job failed {failed}:\n" + "\n".join(logs))
