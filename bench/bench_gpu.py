@@ -15,6 +15,11 @@ profile  one D0 and one D1 step of the transformer (N = 4, one process) under to
 levels   step time of D1 and D2 against D0: EasyScaleDDP with N = 4 on one process, ResNet-50 as above, a conv
          net with BatchNorm and the transformer. A level's settings are process-wide, so each level runs in a
          process of its own; the levels alternate over --rounds rounds.
+unfilled D1 with and without torch's fill of uninitialized memory (EASYSCALE_FILL_UNINITIALIZED=0): the levels
+         part's step times and the profile part's D1 profile without the fill, and the D2 hashes of the amp part's
+         models both ways (equal where no kernel reads memory it did not write).
+host     where a bfloat16 step's host time goes: one step of EasyScaleDDP N = 4 and of 4-micro-batch accumulation,
+         ResNet-50 and the transformer, under torch.profiler: the host operations with the most self time.
 --compare OTHER.json: this GPU's hashes against another GPU's, model by model.
 --device cpu runs the same code on the CPU, a smoke run whose times mean nothing.
 
@@ -46,7 +51,7 @@ VARIANTS = ("torch DDP", "EasyScaleDDP N=1", "accumulation x4", "EasyScaleDDP N=
 WARMUP = 3  # untimed steps before each measurement (--warmup)
 
 
-def hashes(models, device, **extra):
+def hashes(models, device, env=None, **extra):
     """{model: {placement: SHA-256 or 'failed: ...'}} after D2 training, and {model: [[tensor, SHA-256], ...]} of
     the reference's final state, so that two GPUs' differing hashes name the first tensor that differs."""
     import tempfile
@@ -54,7 +59,7 @@ def hashes(models, device, **extra):
     from easyscale_ext import determinism
     from support.jobs import run_job
 
-    env = determinism.environment("D2")
+    env = dict(determinism.environment("D2"), **(env or {}))
     options = dict(n=4, device=device, level="D2", steps=5, batch=8, backend="gloo", **extra)
     tensors = {}
 
@@ -237,11 +242,12 @@ def child_levels(models, level, steps, device, batch):
     return out
 
 
-def child_profile(level, device, batch):
-    """The device kernels (CPU ops on a CPU) with the most self time in one transformer step at `level`."""
+def child_profile(level, device, batch, name="transformer", variant="EasyScaleDDP N=4", precision="float32"):
+    """The device kernels (CPU ops on a CPU) and the host operations with the most self time in one step at
+    `level` of one model by one variant at one precision."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = training_step("transformer", "EasyScaleDDP N=4", None, device, batch, level)
+    step = training_step(name, variant, PRECISIONS[precision], device, batch, level)
     for _ in range(WARMUP):
         step()
     sync(device)
@@ -262,26 +268,42 @@ def child_profile(level, device, batch):
             "host_top": [[e.key, e.count, e.self_cpu_time_total] for e in by_host[:15]], "waits": waits}
 
 
-def in_children(child, levels, rounds, steps, device, batch, models=()):
-    """{level: [each round's child result]}: a process per level and round, the levels alternating."""
+def in_children(child, runs, rounds, steps, device, batch, models=()):
+    """{label: [each round's child result]}: a process per run and round, the runs alternating. `runs` maps each
+    label to (level, environment added to the level's, arguments added to the child's); a bare level: neither."""
     from easyscale_ext import determinism
 
-    found = {level: [] for level in levels}
+    runs = {label: spec if isinstance(spec, tuple) else (spec, {}, []) for label, spec in runs.items()}
+    found = {label: [] for label in runs}
     for _ in range(rounds):
-        for level in levels:
-            env = dict(os.environ, **determinism.environment(level))
+        for label, (level, extra_env, extra_args) in runs.items():
+            env = dict(os.environ, **determinism.environment(level), **extra_env)
             out = subprocess.run([sys.executable, __file__, "--child", child, "--level", level, "--steps", str(steps),
-                                  "--device", device, "--batch", str(batch), "--warmup", str(WARMUP), "--models", ",".join(models)],
+                                  "--device", device, "--batch", str(batch), "--warmup", str(WARMUP),
+                                  "--models", ",".join(models), *extra_args],
                                  env=env, capture_output=True, text=True)
             if out.returncode:
-                raise RuntimeError(f"the {level} process failed:\n{out.stderr[-3000:]}")
-            found[level].append(json.loads(out.stdout.splitlines()[-1]))
+                raise RuntimeError(f"the {label} process failed:\n{out.stderr[-3000:]}")
+            found[label].append(json.loads(out.stdout.splitlines()[-1]))
     return found
 
 
-def levels(models, rounds, steps, device, batch):
-    found = in_children("levels", LEVELS, rounds, steps, device, batch, models)
-    return {m: {level: statistics.median(r[m] for r in found[level]) for level in LEVELS} for m in models}
+def levels(models, rounds, steps, device, batch, runs=None):
+    """{model: {label: median step seconds}}; `runs` as in_children's, default each of LEVELS."""
+    runs = runs or {level: level for level in LEVELS}
+    found = in_children("levels", runs, rounds, steps, device, batch, models)
+    return {m: {label: statistics.median(r[m] for r in found[label]) for label in runs} for m in models}
+
+
+def print_profile(title, profiles):
+    print(title)
+    for label, prof in profiles.items():
+        print(f"  {label}: {prof['total_us'] / 1e3:.1f} ms in all")
+        for kernel, count, us in prof["top"]:
+            print(f"    {us / 1e3:8.2f} ms {count:5d}x  {kernel[:100]}")
+        print(f"  {label}: {prof['host_total_us'] / 1e3:.1f} ms of host time; the most, then the waits:")
+        for op, count, us in prof["host_top"] + prof["waits"]:
+            print(f"    {us / 1e3:8.2f} ms {count:5d}x  {op[:100]}")
 
 
 def main():
@@ -291,13 +313,16 @@ def main():
     ap.add_argument("--compare", help="another GPU's --json: compare its hashes with this one's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--parts", default="hashes,ddp,amp,profile,levels")
+    ap.add_argument("--parts", default="hashes,ddp,amp,profile,levels,unfilled,host")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--child", choices=["levels", "profile"])
     ap.add_argument("--level", default="D0")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps before each measurement")
     ap.add_argument("--batch", type=int, default=0, help="samples per (virtual) worker in the ddp, profile and "
                     "levels parts (default: 32 images for ResNet-50, 64 for the conv net, 32 sequences)")
+    ap.add_argument("--model", default="transformer", help="the profiled model (--child profile)")
+    ap.add_argument("--variant", default="EasyScaleDDP N=4", choices=VARIANTS, help="the profiled variant")
+    ap.add_argument("--precision", default="float32", choices=PRECISIONS, help="the profiled precision")
     ap.add_argument("--models", default="", help="only these of the hashes, ddp and levels parts' models (comma-separated)")
     args = ap.parse_args()
     WARMUP = args.warmup
@@ -310,7 +335,8 @@ def main():
         print(json.dumps(child_levels(only(LEVEL_MODELS), args.level, args.steps, args.device, args.batch)))
         return
     if args.child == "profile":
-        print(json.dumps(child_profile(args.level, args.device, args.batch)))
+        print(json.dumps(child_profile(args.level, args.device, args.batch, args.model, args.variant,
+                                       args.precision)))
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU, and torch sees none here (torch.cuda.is_available() is False); "
@@ -319,9 +345,10 @@ def main():
     result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version()}
     parts = args.parts.split(",")
-    unknown = set(parts) - {"hashes", "ddp", "amp", "profile", "levels"}
+    known = ("hashes", "ddp", "amp", "profile", "levels", "unfilled", "host")
+    unknown = set(parts) - set(known)
     if unknown:
-        sys.exit(f"unknown --parts {sorted(unknown)}: choose from hashes, ddp, amp, profile, levels")
+        sys.exit(f"unknown --parts {sorted(unknown)}: choose from {', '.join(known)}")
 
     def done(part, value, started):
         result[part] = value
@@ -359,16 +386,9 @@ def main():
             print_hashes(f"D2 hashes under {precision} autocast on {name} {took}:", result[f"hashes {precision}"])
     if "profile" in parts:
         started = time.time()
-        found = in_children("profile", ("D0", "D1"), 1, args.steps, args.device, args.batch)
+        found = in_children("profile", {"D0": "D0", "D1": "D1"}, 1, args.steps, args.device, args.batch)
         took = done("profile", {level: runs[0] for level, runs in found.items()}, started)
-        print(f"transformer step, N = 4, the kernels with the most self time {took}:")
-        for level, prof in result["profile"].items():
-            print(f"  {level}: {prof['total_us'] / 1e3:.1f} ms in all")
-            for kernel, count, us in prof["top"]:
-                print(f"    {us / 1e3:8.2f} ms {count:5d}x  {kernel[:100]}")
-            print(f"  {level}: {prof['host_total_us'] / 1e3:.1f} ms of host time; the most, then the waits:")
-            for op, count, us in prof["host_top"] + prof["waits"]:
-                print(f"    {us / 1e3:8.2f} ms {count:5d}x  {op[:100]}")
+        print_profile(f"transformer step, N = 4, the kernels with the most self time {took}:", result["profile"])
     if "levels" in parts:
         started = time.time()
         took = done("levels", levels(only(LEVEL_MODELS), args.rounds, args.steps, args.device, args.batch), started)
@@ -376,6 +396,33 @@ def main():
         for model, found in result["levels"].items():
             print(f"  {model:12s} D0 {found['D0'] * 1e3:7.1f} ms   D1 {found['D1'] / found['D0']:.3f}x   "
                   f"D2 {found['D2'] / found['D0']:.3f}x")
+    if "unfilled" in parts:
+        from easyscale_ext.determinism import FILL_ENV
+
+        unfilled = {FILL_ENV: "0"}
+        started = time.time()
+        runs = {"D0": "D0", "D1": "D1", "D1 unfilled": ("D1", unfilled, [])}
+        steps = levels(only(LEVEL_MODELS), args.rounds, args.steps, args.device, args.batch, runs)
+        profile = in_children("profile", {"D1 unfilled": runs["D1 unfilled"]}, 1, args.steps, args.device, args.batch)
+        done("unfilled", {"levels": steps, "profile": profile["D1 unfilled"][0]}, started)
+        print(f"D1 with and without the fill of uninitialized memory, median of {args.rounds} rounds:")
+        for model, found in steps.items():
+            print(f"  {model:12s} D0 {found['D0'] * 1e3:7.1f} ms   D1 {found['D1'] / found['D0']:.3f}x   "
+                  f"D1 unfilled {found['D1 unfilled'] / found['D0']:.3f}x")
+        print_profile("transformer step, N = 4, D1 unfilled:", {"D1 unfilled": result["unfilled"]["profile"]})
+        started = time.time()
+        both = {"filled": hashes(only(AMP_MODELS), args.device)[0],
+                "unfilled": hashes(only(AMP_MODELS), args.device, unfilled)[0]}
+        took = done("hashes unfilled", both, started)
+        for label, found in both.items():
+            print_hashes(f"D2 hashes, {label} {took}:", found)
+    if "host" in parts:
+        started = time.time()
+        runs = {f"{name} {variant}": ("D0", {}, ["--model", name, "--variant", variant, "--precision", "bfloat16"])
+                for name in only(TORCH_MODELS) for variant in ("EasyScaleDDP N=4", "accumulation x4")}
+        found = in_children("profile", runs, 1, args.steps, args.device, args.batch)
+        took = done("host", {label: r[0] for label, r in found.items()}, started)
+        print_profile(f"bfloat16 steps, the host operations with the most self time {took}:", result["host"])
 
 
 if __name__ == "__main__":

@@ -3,17 +3,23 @@
 # finished: the extension built for this GPU (skipped where a _C for this Python is already there, e.g. built by an
 # earlier run on the same image), D2 hashes (against another GPU's with COMPARE), EasyScaleDDP against torch DDP
 # and gradient accumulation, the hashes under mixed precision, `make test-gpu`'s tests, the kernel benchmarks, the
-# store's copy kernel at each slice size, a D0 and a D1 transformer step profiled, D1/D2 step times. Everything
-# lands in $OUT (default ./gpu-out), eight files at most: run.log, each part's JSON, the built _C (and build.log
+# store's copy kernel at each slice size, a D0 and a D1 transformer step profiled, D1/D2 step times, D1 without
+# the fill of uninitialized memory, where a bfloat16 step's host time goes. Everything
+# lands in $OUT (default ./gpu-out), eight files at most: run.log, the parts' JSON, the built _C (and build.log
 # where the build fails).
-#   OUT=DIR [COMPARE=other-gpu-hashes.json] bash bench/gpu_checks.sh
+# All of it takes about 12 minutes on an H200 (8.5 measured before the last two steps), more than a 10-minute
+# window on a GPU machine: STEPS names the steps to run (default all, in this order), e.g. STEPS="tests host".
+#   OUT=DIR [COMPARE=other-gpu-hashes.json] [STEPS="hashes ddp ..."] bash bench/gpu_checks.sh
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 exec > >(tee -a "$OUT/run.log") 2>&1
 PY=${PY:-python3}
+STEPS=${STEPS:-hashes ddp amp tests kernels store profile levels unfilled host}
 stamp() { echo "== $(date +%T) $*"; }
+# Whether step $1 is chosen, stamped in the log where it is.
+step() { [[ " $STEPS " == *" $1 "* ]] && stamp "$1"; }
 
 stamp device
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
@@ -30,23 +36,19 @@ fi
 strip -g -o "$OUT/_C$so_suffix" "easyscale_ext/_C$so_suffix"
 $PY -c "import easyscale_ext as es; print('cuda_built', es.cuda_built())"
 
-stamp hashes
-timeout 200 $PY bench/bench_gpu.py --parts hashes --json "$OUT/gpu-hashes.json" ${COMPARE:+--compare "$COMPARE"}
-stamp against torch
-timeout 150 $PY bench/bench_gpu.py --parts ddp --json "$OUT/gpu-ddp.json"
-stamp mixed precision
-timeout 200 $PY bench/bench_gpu.py --parts amp --json "$OUT/gpu-amp.json"
-stamp make test-gpu
-timeout 200 $PY -m pytest -ra -m gpu --continue-on-collection-errors -p no:cacheprovider -q -s tests 2>&1 \
+step hashes && timeout 200 $PY bench/bench_gpu.py --parts hashes --json "$OUT/gpu-hashes.json" ${COMPARE:+--compare "$COMPARE"}
+step ddp && timeout 150 $PY bench/bench_gpu.py --parts ddp --json "$OUT/gpu-ddp.json"
+step amp && timeout 200 $PY bench/bench_gpu.py --parts amp --json "$OUT/gpu-amp.json"
+step tests && timeout 200 $PY -m pytest -ra -m gpu --continue-on-collection-errors -p no:cacheprovider -q -s tests 2>&1 \
     | grep -v "^ERROR collecting\|^E  \|^_____" | tail -40
-stamp kernels
-timeout 90 $PY bench/bench_core.py --quick --json "$OUT/core.json" 2>/dev/null
-stamp store slices
-nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc/core csrc/bench/bench_copy.cu -o /tmp/bench_copy \
+step kernels && timeout 90 $PY bench/bench_core.py --quick --json "$OUT/core.json" 2>/dev/null
+step store && nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc/core csrc/bench/bench_copy.cu -o /tmp/bench_copy \
     && $PY -c "import torchvision; print(*(p.numel() * 4 for p in torchvision.models.resnet50().parameters()))" \
     | timeout 60 /tmp/bench_copy
-stamp profile
-timeout 90 $PY bench/bench_gpu.py --parts profile --json "$OUT/gpu-profile.json"
-stamp levels
-timeout 200 $PY bench/bench_gpu.py --parts levels --json "$OUT/gpu-levels.json"
+# One JSON for the last four steps: $OUT returns eight files at most.
+last=$(for s in profile levels unfilled host; do [[ " $STEPS " == *" $s "* ]] && echo -n "$s,"; done)
+if [ -n "$last" ]; then
+    stamp "${last%,}"
+    timeout 570 $PY bench/bench_gpu.py --parts "${last%,}" --json "$OUT/gpu-profile.json"
+fi
 stamp done

@@ -18,6 +18,12 @@ D2  D1 + one instruction set on every process: oneDNN, MKL and ATen's vector
     their reduction orders are chosen per device). Measured: an H100 and an
     H200 (one architecture, the same versions) agree for three models of four;
     ResNet-18 does not, its convolutions' algorithms being cuDNN's choice.
+D1 and D2 keep torch's fill of uninitialized memory (every new tensor's memory
+set to NaN before first use, so a kernel that reads memory it never wrote reads
+the same on every run). It costs a kernel launch per allocation; where a job's
+code never reads memory it did not write, EASYSCALE_FILL_UNINITIALIZED=0 in the
+environment turns it off, and the job stays as deterministic (torch's docs for
+torch.utils.deterministic.fill_uninitialized_memory).
 """
 import os
 from typing import Dict, Optional, Set
@@ -27,6 +33,7 @@ ISAS = ("SSE4.1", "AVX", "AVX2", "AVX512")  # lowest first
 DEFAULT_ISA = "AVX2"
 FLOORS = ISAS[:3]  # D2 can hold a job to these (AVX-512 CPUs are too rare in mixed fleets to be a floor)
 ISA_ENV = "EASYSCALE_ISA"  # the job's floor, for EasyScaleDDP built without isa=
+FILL_ENV = "EASYSCALE_FILL_UNINITIALIZED"  # "0": D1 and D2 leave new tensors' memory unfilled
 
 # What each floor caps. ATen has no AVX kernels, so below AVX2 it runs its plain ones;
 # MKL's lowest x86-64 code path is SSE4.2.
@@ -164,6 +171,7 @@ def apply(level, num_threads: int, cuda: bool, isa: Optional[str] = None) -> Non
     import torch  # here: launchers and the cluster's scheduler read this module without torch
 
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = os.environ.get(FILL_ENV, "1") != "0"
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.set_num_threads(num_threads)

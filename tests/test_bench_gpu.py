@@ -34,7 +34,7 @@ def test_unknown_parts_are_named():
 @pytest.mark.multiprocess
 def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     result = tmp_path / "out.json"
-    out = bench_gpu("--device", "cpu", "--parts", "ddp,profile", "--models", "transformer", "--rounds", "1",
+    out = bench_gpu("--device", "cpu", "--parts", "ddp,profile,host", "--models", "transformer", "--rounds", "1",
                     "--steps", "1", "--batch", "1", "--warmup", "0", "--json", str(result))
     assert out.returncode == 0, out.stderr
     found = json.loads(result.read_text())
@@ -42,3 +42,5 @@ def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     assert set(timed) == {"float32", "bfloat16", "float16"}
     assert all(v["step_s"] > 0 for by_variant in timed.values() for v in by_variant.values())
     assert set(found["profile"]) == {"D0", "D1"} and all(p["top"] for p in found["profile"].values())
+    assert set(found["host"]) == {"transformer EasyScaleDDP N=4", "transformer accumulation x4"}
+    assert all(p["host_top"] for p in found["host"].values())

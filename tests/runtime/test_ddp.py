@@ -4,6 +4,7 @@ Each case runs tests/support/train_job.py as real processes (gloo on localhost) 
 compares a SHA-256 over parameters, buffers and optimizer state after two
 epochs of three steps with the single-process pure-PyTorch reference.
 """
+import os
 import subprocess
 import sys
 
@@ -176,6 +177,19 @@ def test_native_isa_counts_environment_caps():
     below = determinism.isa_below(cpu)
     if below in determinism.FLOORS:
         assert determinism.native_isa(determinism.isa_caps(below)) == below
+
+
+@pytest.mark.parametrize("setting,filled", [(None, "True"), ("1", "True"), ("0", "False")])
+def test_d1_fills_uninitialized_memory_unless_the_environment_says_0(setting, filled):
+    env = dict(os.environ, **D1)
+    env.pop(determinism.FILL_ENV, None)
+    if setting is not None:
+        env[determinism.FILL_ENV] = setting
+    script = ("import torch; from easyscale_ext import determinism; determinism.apply('D1', 1, cuda=False); "
+              "print(torch.utils.deterministic.fill_uninitialized_memory)")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [filled]
 
 
 def test_fewer_virtual_workers_than_processes_fails_clearly():
