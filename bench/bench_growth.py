@@ -12,6 +12,7 @@ jobs, one line per GPU count).
     python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
     python bench/bench_growth.py --philly fifo,sia,...   # the whole Philly trace on 300 x 8 GPUs, CPU seconds
+    python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
 
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
 application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
@@ -30,7 +31,9 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
-from easyscale_ext.sched.policies import RUNNABLE
+from easyscale_ext.sched.policies import RUNNABLE, PolluxPolicy
+
+MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy (--pollux-nodes changes pollux's)
 from easyscale_ext.sched.simulator import simulate, validate
 
 TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
@@ -78,11 +81,11 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
     A ValueError where the policy cannot run them at all."""
     try:
         cluster = cluster_of(gpus)
-        validate(specs, RUNNABLE[name](0), cluster)
+        validate(specs, MADE[name](0), cluster)
         return cluster, False
     except ValueError:  # a policy of one GPU type: all T4s
         cluster = cluster_of(gpus, TYPES[:1])
-        validate(specs, RUNNABLE[name](0), cluster)
+        validate(specs, MADE[name](0), cluster)
         return cluster, True
 
 
@@ -95,9 +98,9 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None
           "CPU s a round, last 1,000 | whole trace, CPU s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
-        specs = drawn if RUNNABLE[name](0).profiled else trace
+        specs = drawn if MADE[name](0).profiled else trace
         cluster, t4_only = cluster_for(name, specs, 2400)
-        timed = Timed(RUNNABLE[name](0))
+        timed = Timed(MADE[name](0))
         begin = time.process_time()
         signal.setitimer(signal.ITIMER_PROF, budget)
         try:
@@ -134,7 +137,10 @@ def main():
     ap.add_argument("--plot", default="")
     ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
+    ap.add_argument("--pollux-nodes", default="all", choices=("all", "needed"),
+                    help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
     args = ap.parse_args()
+    MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes)
     signal.signal(signal.SIGALRM, _timeout)
     signal.signal(signal.SIGPROF, _timeout)
 
@@ -162,7 +168,7 @@ def main():
                 break
             if t4_only:
                 one_type.add(name)
-            timed = Timed(RUNNABLE[name](0), args.rounds)
+            timed = Timed(MADE[name](0), args.rounds)
             signal.alarm(int(args.cap * args.rounds * 2))  # a round far over the cap is not waited out
             try:
                 simulate(specs, timed, cluster, apps)

@@ -17,6 +17,7 @@ runs them (policies.SIA_ARTIFACT), against the means in Sia's SOSP'23 paper (as 
   taskset -c 1 python bench/bench_sched.py --timing --policies pollux   # Pollux's search against its 60 s goal
   python bench/bench_sched.py --sia --seeds 0          # about 8 min
   python bench/bench_sched.py --workloads 2 --seeds 0 --philly --search elitist [--size 64x24]  # the fast search
+  python bench/bench_sched.py --seeds 0 --philly --pollux-nodes needed   # Pollux searching only the nodes it needs
 """
 import argparse
 import functools
@@ -32,7 +33,7 @@ from easyscale_ext.sched.models.cluster import EASYSCALE, Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, unique_names, with_stand_ins
 from easyscale_ext.sched.policies import RUNNABLE, made
-from easyscale_ext.sched.policies.pollux import SEARCHES, PolluxPolicy
+from easyscale_ext.sched.policies.pollux import NODES, SEARCHES, PolluxPolicy
 from easyscale_ext.sched.simulator import SIA, SimConfig, simulate, validate
 
 PUBLISHED = {  # average JCT (s) on workloads 1..8, the Pollux artifact's simulator/results-jobload/<policy>-<load>
@@ -57,7 +58,8 @@ SHIPPED = {  # workload family: (files in the data folder, cluster)
 
 
 def run(task, search=None):
-    """One simulation; `search` (search, population, generations) is Pollux's search instead of its default."""
+    """One simulation; `search` (search, population, generations, nodes) is Pollux's search instead of its
+    default."""
     kind, policy, target, seed, data, folder = task
     config = SimConfig()
     if kind == "fidelity":
@@ -73,7 +75,8 @@ def run(task, search=None):
     calibration = "sia" if kind == "sia" and folder != "none" else "none"  # under its job model, its Pollux and Sia
     chosen = made(policy, calibration)(seed)
     if search and policy == "pollux":  # the search asked for, at the setting's p
-        chosen = PolluxPolicy(seed, p=chosen.p, search=search[0], population=search[1], generations=search[2])
+        chosen = PolluxPolicy(seed, p=chosen.p, search=search[0], population=search[1], generations=search[2],
+                              nodes=search[3])
     result = simulate(specs, chosen, cluster, Applications(data), config)
     wall = time.perf_counter() - begin
     jct = np.array([j["jct"] for j in result.jobs])
@@ -208,9 +211,12 @@ def main():
                         help="Pollux's search: the artifact's NSGA-II (default) or the elitist one")
     parser.add_argument("--size", metavar="POPxGEN", help="Pollux's search size, e.g. 64x24 (default: the search's "
                         f"own: {', '.join(f'{k} {p}x{g}' for k, (p, g) in SEARCHES.items())})")
+    parser.add_argument("--pollux-nodes", default="all", choices=NODES,
+                        help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
     args = parser.parse_args()
     data = data_dir(args.data)
-    search = (args.search, *((int(x) for x in args.size.split("x")) if args.size else (None, None)))
+    search = (args.search, *((int(x) for x in args.size.split("x")) if args.size else (None, None)),
+              args.pollux_nodes)
     job = functools.partial(run, search=search)
     if args.timing:
         policies = args.policies.split(",")

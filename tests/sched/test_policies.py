@@ -7,7 +7,7 @@ from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.optimus import OptimusPolicy
-from easyscale_ext.sched.policies.pollux import PolluxPolicy, _Search
+from easyscale_ext.sched.policies.pollux import PolluxPolicy, _Search, needed_nodes
 from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
@@ -93,6 +93,42 @@ def test_pollux_shares_a_node_fairly(apps, search, start):
 def test_a_wrong_pollux_search_is_named():
     with pytest.raises(ValueError, match="expected one of nsga2, elitist"):
         PolluxPolicy(search="nsga3")
+
+
+def test_a_wrong_pollux_node_choice_is_named():
+    with pytest.raises(ValueError, match="expected one of all, needed"):
+        PolluxPolicy(nodes="some")
+
+
+def test_pollux_needed_nodes_are_the_held_ones_and_enough_free_ones_of_each_type():
+    cluster = Cluster.parse("3x4:t4,3x4:a100")  # nodes in order: t4 0-2, a100 3-5
+    base = np.array([[0, 2, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0]])
+    # free nodes of each type: as many as hold each job at its limit on whole 4-GPU nodes
+    assert needed_nodes(base, cluster, np.array([4, 5])).tolist() == [0, 1, 2, 3, 4, 5]
+    assert needed_nodes(base, cluster, np.array([1, 1])).tolist() == [0, 1, 2, 3, 4, 5]
+    assert needed_nodes(base, cluster, np.array([3, 0])).tolist() == [0, 1, 3, 4]
+    assert needed_nodes(base, cluster, np.array([0, 0])).tolist() == [1, 4]
+
+
+def test_pollux_on_needed_nodes_decides_as_on_all_where_they_are_all_and_stays_within_them(apps):
+    jobs = [JobSpec("a", 0, 1, "cifar10", 128), JobSpec("b", 30, 1, "cifar10", 128)]
+    small = Cluster.parse("2x4")  # two jobs can use both nodes: the same nodes, the same random path
+    assert simulate(jobs, PolluxPolicy(seed=1, nodes="needed"), small, apps).segments == \
+        simulate(jobs, PolluxPolicy(seed=1), small, apps).segments
+    large = Cluster.parse("40x4")
+    searched = []
+
+    class Recorded(PolluxPolicy):
+        def optimize(self, now, jobs, cluster, allocations):
+            chosen = super().optimize(now, jobs, cluster, allocations)
+            searched.append(self._last[2])
+            assert {n for alloc in chosen.values() for n in alloc} <= set(self._last[2].tolist())
+            return chosen
+
+    result = simulate(jobs, Recorded(seed=1, nodes="needed"), large, apps)
+    assert {name for name, *_ in result.segments} == {"a", "b"}
+    # the first round: one job never measured, limited to one GPU: one free node of the 40
+    assert len(searched[0]) == 1
 
 
 def test_pollux_search_keeps_allocations_when_moving_gains_nothing():

@@ -11,6 +11,10 @@ is the artifact's, pymoo's NSGA-II (100 individuals, 100 generations, every indi
 power mean and the cluster utility; seeded with the last round's Pareto set, it takes the set's best power mean),
 checked against pymoo's on recorded rounds (tests/sched/test_pollux_nsga2.py). `search="elitist"`, a (mu + lambda)
 search of 64 individuals for 24 generations, is the earlier fast one (BENCHMARKS.md, "Pollux's search").
+`nodes="needed"` (off by default: not the artifact's) searches only the (virtual) nodes a job holds and, of each
+GPU type, as many free nodes as hold every job at its GPU limit on whole nodes: allocations that spread a job
+thinner over free nodes are not searched, and the search's random path differs, so decisions do too. On a large
+cluster with few jobs a round then costs the jobs' nodes, not the cluster's (BENCHMARKS.md, "Scheduler cost").
 Constraints, as in the artifact: at most one multi-node job per node, a job grows to at most twice the GPUs it has
 been measured on (it must explore before it believes its model), node capacities.
 On a cluster of several GPU types Pollux runs as in Sia's artifact, unaware of types: one model per job fitted
@@ -33,14 +37,18 @@ class PolluxPolicy(Policy):
     name = "pollux"
     profiled = True
 
-    def __init__(self, seed=0, p=-1.0, restart_s=30.0, search="nsga2", population=None, generations=None):
+    def __init__(self, seed=0, p=-1.0, restart_s=30.0, search="nsga2", population=None, generations=None,
+                 nodes="all"):
         if search not in SEARCHES:
             raise ValueError(f"search {search!r}: expected one of {', '.join(SEARCHES)}")
+        if nodes not in NODES:
+            raise ValueError(f"nodes {nodes!r}: expected one of {', '.join(NODES)}")
+        self.nodes = nodes
         self.rng = np.random.default_rng(seed)
         self.p, self.restart_s, self.search = p, restart_s, search
         self.population = population or SEARCHES[search][0]
         self.generations = generations or SEARCHES[search][1]
-        self._last = ([], None)  # (job names, the states the next round starts from) of the previous round
+        self._last = ([], None, None)  # (job names, the states the next round starts from, their nodes) of last round
         self._virtual = {}  # job -> its GPUs per virtual node, as chosen last round
         self._tables = {}
 
@@ -56,18 +64,23 @@ class PolluxPolicy(Policy):
         base = self._virtual_rows(jobs, held, owner, view)
         smallest_type = min(view.room(view.gpus).values())  # the whole cluster when homogeneous
         max_gpus = np.array([_max_gpus(job, smallest_type) for job in jobs])
-        speedup = self._speedup_tables(jobs, view, max_gpus)
+        cols = np.arange(view.num_nodes) if self.nodes == "all" else needed_nodes(base, view, max_gpus)
+        searched = view if len(cols) == view.num_nodes else \
+            Cluster(view.spec, tuple(view.gpus[c] for c in cols), tuple(view.types[c] for c in cols))
+        speedup = self._speedup_tables(jobs, searched, max_gpus, view.total_gpus)
         age = np.maximum([now - job.arrival for job in jobs], 0.0)  # a job handed over before its arrival: new
         restarts = np.array([job.restarts for job in jobs])
         factor = np.maximum(age - restarts * self.restart_s, 0) / (age + self.restart_s)
-        search = _Search(base, np.asarray(view.gpus), max_gpus, speedup, factor, self.p,
+        search = _Search(base[:, cols], np.asarray(searched.gpus), max_gpus, speedup, factor, self.p,
                          view.num_nodes / view.total_gpus, self.rng)
         run = search.nsga2 if self.search == "nsga2" else search.run
-        population = run(self._seed_population(jobs, base), self.population, self.generations)
-        self._last = ([j.name for j in jobs], population)
+        population = run(self._seed_population(jobs, base[:, cols], cols), self.population, self.generations)
+        self._last = ([j.name for j in jobs], population, cols)
+        best = np.zeros_like(base)
+        best[:, cols] = population[0]
         result, self._virtual = {}, {}
         for j, job in enumerate(jobs):
-            self._virtual[job.name] = chosen = _one_type(population[0][j], view)
+            self._virtual[job.name] = chosen = _one_type(best[j], view)
             row = np.bincount(owner, weights=chosen, minlength=cluster.num_nodes).astype(np.int64)
             if np.array_equal(row, held[j]):  # a move between virtual nodes of one node is none
                 alloc = allocations.get(job.name, ())
@@ -96,24 +109,32 @@ class PolluxPolicy(Policy):
                 free[v] -= take
         return rows
 
-    def _seed_population(self, jobs, base):
+    def _seed_population(self, jobs, base, cols):
         """Last round's result (the NSGA-II's Pareto set, the elitist search's population) with rows moved to this
-        round's job order (new jobs get nothing); the current allocation first, unless (as in the artifact's
-        NSGA-II) there is a last round to start from."""
-        names, last = self._last
+        round's job order (new jobs get nothing) and columns to this round's nodes `cols` (GPUs on a node not
+        searched now are dropped); the current allocation first, unless (as in the artifact's NSGA-II) there is a
+        last round to start from."""
+        names, last, last_cols = self._last
         if last is None:
             return base[None]
         seeds = np.zeros((len(last), *base.shape), dtype=np.int64)
         index = {n: i for i, n in enumerate(names)}
+        if np.array_equal(cols, last_cols):
+            now, then = slice(None), slice(None)
+        else:
+            position = dict(zip(last_cols.tolist(), range(len(last_cols))))
+            now = np.array([k for k, c in enumerate(cols.tolist()) if c in position], dtype=np.int64)
+            then = np.array([position[c] for c in cols[now].tolist()], dtype=np.int64)
         for j, job in enumerate(jobs):
             if job.name in index:
-                seeds[:, j] = last[:, index[job.name]]
+                seeds[:, j, now] = last[:, index[job.name], then]
         return seeds if self.search == "nsga2" else np.concatenate([base[None], seeds])
 
-    def _speedup_tables(self, jobs, cluster, max_gpus):
-        """speedup[j, nodes, GPUs], for GPUs up to the job's limit and nodes up to the cluster's."""
+    def _speedup_tables(self, jobs, cluster, max_gpus, total_gpus):
+        """speedup[j, nodes, GPUs], for GPUs up to the job's limit and nodes up to the (searched) cluster's; a
+        job's fair share is of the `total_gpus` of the whole cluster."""
         per_node = max(cluster.gpus)
-        fair = math.ceil(cluster.total_gpus / len(jobs))
+        fair = math.ceil(total_gpus / len(jobs))
         table = np.zeros((len(jobs), cluster.num_nodes + 1, int(max_gpus.max()) + 1))
         tables = {}
         for j, job in enumerate(jobs):
@@ -121,18 +142,20 @@ class PolluxPolicy(Policy):
             if model is None:  # never measured: assume it scales linearly
                 table[j, :, 1:] = np.arange(1, table.shape[2]) / fair
                 continue
-            key = (model.perf, model.grad_sqr, model.grad_var, model.max_local_bsz, int(max_gpus[j]), fair)
+            spread = min(cluster.num_nodes, int(max_gpus[j]))  # a job has a GPU on each of its nodes: more is 0
+            key = (model.perf, model.grad_sqr, model.grad_var, model.max_local_bsz, int(max_gpus[j]), fair, spread,
+                   per_node)
             if key not in self._tables:
                 reps = np.arange(1, max_gpus[j] + 1)
-                nodes = np.arange(1, cluster.num_nodes + 1)
+                nodes = np.arange(1, spread + 1)
                 n, r = (a.ravel() for a in np.meshgrid(nodes, reps, indexing="ij"))
                 ok = (n <= r) & (r <= n * per_node)
-                values = np.zeros((cluster.num_nodes + 1, max_gpus[j] + 1))
+                values = np.zeros((spread + 1, max_gpus[j] + 1))
                 values[n[ok], r[ok]] = model.best(n[ok], r[ok])[0]
                 fair_gpus = min(fair, model.max_replicas)
                 self._tables[key] = values / model.best(1, fair_gpus)[0][0]
             tables[key] = self._tables[key]
-            table[j, :, : max_gpus[j] + 1] = tables[key]
+            table[j, : spread + 1, : max_gpus[j] + 1] = tables[key]
         self._tables = tables  # keep only what this round used
         return table
 
@@ -151,6 +174,19 @@ def virtual_nodes(cluster):
     if len(owner) == cluster.num_nodes:
         return np.arange(cluster.num_nodes), cluster
     return np.array(owner), Cluster(cluster.spec, tuple(gpus), tuple(cluster.types[n] for n in owner))
+
+
+def needed_nodes(base, cluster, max_gpus):
+    """The nodes `nodes="needed"` searches, in order: those any job holds, and of each GPU type the first free
+    ones, as many as hold every job at its GPU limit on whole nodes of that type."""
+    held = base.sum(axis=0) > 0
+    types, gpus = np.asarray(cluster.types), np.asarray(cluster.gpus)
+    keep = held.copy()
+    for t in set(cluster.types):
+        free = np.flatnonzero(~held & (types == t))
+        if len(free):
+            keep[free[:int(np.ceil(max_gpus / gpus[free].max()).sum())]] = True
+    return np.flatnonzero(keep)
 
 
 def _one_type(row, cluster):
@@ -172,6 +208,7 @@ def _max_gpus(job, total_gpus) -> int:
 
 
 SEARCHES = {"nsga2": (100, 100), "elitist": (64, 24)}  # search -> its default (population, generations)
+NODES = ("all", "needed")  # the nodes a round searches
 
 
 class _Search:
