@@ -32,9 +32,10 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
 from easyscale_ext.sched.policies import RUNNABLE, PolluxPolicy
+from easyscale_ext.sched.policies.pollux import NODES
+from easyscale_ext.sched.simulator import simulate, validate
 
 MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy (--pollux-nodes changes pollux's)
-from easyscale_ext.sched.simulator import simulate, validate
 
 TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
 
@@ -137,7 +138,7 @@ def main():
     ap.add_argument("--plot", default="")
     ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
-    ap.add_argument("--pollux-nodes", default="all", choices=("all", "needed"),
+    ap.add_argument("--pollux-nodes", default="all", choices=NODES,
                     help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
     args = ap.parse_args()
     MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes)
