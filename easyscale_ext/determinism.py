@@ -170,8 +170,12 @@ def apply(level, num_threads: int, cuda: bool, isa: Optional[str] = None) -> Non
                            f"export determinism.environment({level!r}{', isa=' + repr(isa) if isa else ''})")
     import torch  # here: launchers and the cluster's scheduler read this module without torch
 
+    fill = os.environ.get(FILL_ENV, "1")
+    if fill not in ("0", "1"):
+        raise RuntimeError(f"{FILL_ENV}={fill!r}: set it to 1 (the default: D1 and D2 fill new tensors' memory) "
+                           f"or 0 (leave it unfilled)")
     torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = os.environ.get(FILL_ENV, "1") != "0"
+    torch.utils.deterministic.fill_uninitialized_memory = fill == "1"
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.set_num_threads(num_threads)

@@ -179,7 +179,7 @@ def test_native_isa_counts_environment_caps():
         assert determinism.native_isa(determinism.isa_caps(below)) == below
 
 
-@pytest.mark.parametrize("setting,filled", [(None, "True"), ("1", "True"), ("0", "False")])
+@pytest.mark.parametrize("setting,filled", [(None, "True"), ("1", "True"), ("0", "False"), ("no", None)])
 def test_d1_fills_uninitialized_memory_unless_the_environment_says_0(setting, filled):
     env = dict(os.environ, **D1)
     env.pop(determinism.FILL_ENV, None)
@@ -188,8 +188,17 @@ def test_d1_fills_uninitialized_memory_unless_the_environment_says_0(setting, fi
     script = ("import torch; from easyscale_ext import determinism; determinism.apply('D1', 1, cuda=False); "
               "print(torch.utils.deterministic.fill_uninitialized_memory)")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    if filled is None:
+        assert out.returncode != 0 and "EASYSCALE_FILL_UNINITIALIZED='no': set it to 1" in out.stderr, out.stderr
+        return
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [filled]
+
+
+def test_d1_without_the_fill_trains_to_the_filled_references_bits():
+    unfilled = dict(D1, **{determinism.FILL_ENV: "0"})
+    ref = run_job("reference", n=4, model="cnn", level="D1", env_per_rank=[D1])
+    assert run_job("easyscale", procs=2, n=4, model="cnn", level="D1", env_per_rank=[unfilled] * 2) == ref
 
 
 def test_fewer_virtual_workers_than_processes_fails_clearly():
