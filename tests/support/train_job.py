@@ -366,6 +366,9 @@ def run_easyscale(args, model, data, opt):
     if args.freeze:  # a tight threshold, so layers freeze within the test's steps
         from easyscale_ext.runtime.freeze import GradientNormFreezer
         freezer = GradientNormFreezer(layers=getattr(model, "body", None), window=1, threshold=args.freeze)
+    if args.whole_bytes >= 0:
+        from easyscale_ext.runtime import reducer
+        reducer.WHOLE_BYTES = args.whole_bytes
     ddp = es.EasyScaleDDP(model, virtual_world_size=n, virtual_ranks=ranges, determinism_level=args.level,
                           num_threads=args.threads, broadcast_buffers=bool(args.broadcast_buffers),
                           find_unused_parameters=args.model == "branchy", freezer=freezer,
@@ -546,6 +549,7 @@ def main():
     ap.add_argument("--ckpt-keep", type=int, default=3)
     ap.add_argument("--resume", type=int, default=0)
     ap.add_argument("--bucket-cap-mb", type=float, default=0.0, help="EasyScaleDDP's bucket_cap_mb (0: default)")
+    ap.add_argument("--whole-bytes", type=int, default=-1, help="reducer.WHOLE_BYTES (0: every bucket in chunks)")
     ap.add_argument("--stop-after", type=int, default=0, help="end after this many global steps")
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL the last rank at this step (first attempt)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds added to every step")
