@@ -137,9 +137,9 @@ class VirtualDataLoader:
     def reassign(self, local_ranks: Sequence[int]) -> None:
         """Serve other virtual ranks from the next step on (after a scale event). The same ranks keep the
         running iterator: a new one recomputes the epoch's order (a loop that calls this every step paid it)."""
-        if list(local_ranks) != self.local_ranks:
-            self.local_ranks = list(local_ranks)
-            self._iterator = None
+        local_ranks = list(local_ranks)
+        if local_ranks != self.local_ranks:
+            self.local_ranks, self._iterator = local_ranks, None
 
     def samples_per_replica(self) -> int:
         return len(virtual_indices(self.length, self.num_replicas, 0, 0, self.seed, False, self.drop_last))
