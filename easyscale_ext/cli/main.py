@@ -45,8 +45,11 @@ def run(args) -> int:
         raise UsageError(str(e))
     if args.balance:
         env["EASYSCALE_BALANCE"] = "1"
-    launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env,
-                               cpus=args.cpus)
+    try:
+        launcher = ElasticLauncher([sys.executable] + script, args.procs, host=args.host, port=args.port, env=env,
+                                   cpus=args.cpus)
+    except ValueError as e:
+        raise UsageError(str(e))
     secret = save_secret(launcher.address, launcher.secret)  # for this user's `easyscale scale` only
     print(f"easyscale: job store at {launcher.address}; scale with "
           f"`easyscale scale --store {launcher.address} --procs N`", flush=True)

@@ -4,11 +4,10 @@ scale request asks for more than are running. Processes leave by themselves
 (see member.py)."""
 import logging
 import os
-import subprocess
 import time
 from typing import Dict, Optional, Sequence
 
-
+from . import spawn
 from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, new_secret, serve
 from .protocol import hosted
 
@@ -25,13 +24,14 @@ class ElasticLauncher:
         if procs < 1:
             raise ValueError(f"procs must be >= 1, got {procs}")
         self.argv, self.procs, self.env, self.log_dir = list(argv), procs, dict(env or os.environ), log_dir
+        spawn.fork_server_on(self.env)  # a bad setting fails here, before the job starts
         self.server = serve(host, port)
         self.address = f"{host}:{self.server.port}"
         self.secret = new_secret()
         self.store = hosted(self.server, self.secret)
         self.cpus = list(cpus or [])
         self.env_per_process = list(env_per_process or [{}])
-        self.children: Dict[str, subprocess.Popen] = {}
+        self.children: Dict[str, object] = {}  # worker -> its process (spawn.start: a Popen, or as one)
         self.spawned = 0
 
     def _spawn(self, joining: bool) -> str:
@@ -40,12 +40,10 @@ class ElasticLauncher:
         env = dict(self.env, **self.env_per_process[(self.spawned - 1) % len(self.env_per_process)])
         env.update({STORE_ENV: self.address, SECRET_ENV: self.secret, ID_ENV: worker,
                     JOIN_ENV: "1" if joining else "0"})
-        out = open(os.path.join(self.log_dir, f"{worker}.log"), "w") if self.log_dir else None
-        child = self.children[worker] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        if self.cpus:  # pinned while the interpreter starts, before it starts any thread
-            os.sched_setaffinity(child.pid, {self.cpus[(self.spawned - 1) % len(self.cpus)]})
-        if out is not None:
-            out.close()  # the child holds its own descriptor
+        self.children[worker] = spawn.start(
+            self.argv, env, per_process=(STORE_ENV, SECRET_ENV, ID_ENV, JOIN_ENV),
+            log_path=os.path.join(self.log_dir, f"{worker}.log") if self.log_dir else None,
+            cpu=self.cpus[(self.spawned - 1) % len(self.cpus)] if self.cpus else None)
         return worker
 
     def run(self, timeout_s: float = 3600.0) -> int:
