@@ -5,7 +5,9 @@ it, on a process that lives through the event. In-place (stop-free) scaling
 under easyscale_ext.elastic.launcher against checkpoint-and-restart through torchrun
 (stop at a step with a checkpoint, start again on the new process count and
 resume), scale-out 1 -> 2 and scale-in 2 -> 1, same model (tests/support/train_job.py's
-conv net, N = 4) on the same machine. Medians over --repeats runs.
+conv net, N = 4) on the same machine. Medians over --repeats runs. Also the seconds from the scale-out request to
+the joiner's first step, its process forked from the launcher's fork server (the default) and started as a fresh
+interpreter (EASYSCALE_FORK_SERVER=0).
 
     .venv/bin/python bench/bench_elastic.py [--repeats 3] [--json PATH]
 """
@@ -21,7 +23,7 @@ from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "support", "train_job.py")
-WORK = ["--mode", "easyscale", "--virtual-workers", "4", "--batch", "32", "--steps", "25", "--epochs", "8"]
+WORK = ["--mode", "easyscale", "--virtual-workers", "4", "--batch", "32", "--steps", "25", "--epochs", "20"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
@@ -34,14 +36,14 @@ def read_times(path):
     return times
 
 
-def in_place(tmp):
+def in_place(tmp, fork_server="1"):
     from easyscale_ext.elastic.launcher import ElasticLauncher
 
     log = os.path.join(tmp, "times")
-    scale_in_at = 150
+    scale_in_at = 400  # the joiner, started at step 2, trains some steps before the scale-in (a fresh one takes 4-6 s)
     argv = [sys.executable, JOB, *WORK, "--elastic", "1", "--block", "0", "--schedule", f"2:2,{scale_in_at}:1",
             "--log-times", log, "--out", os.path.join(tmp, "hash")]
-    if ElasticLauncher(argv, 1, env=ENV).run(timeout_s=600) != 0:
+    if ElasticLauncher(argv, 1, env=dict(ENV, EASYSCALE_FORK_SERVER=fork_server)).run(timeout_s=600) != 0:
         raise RuntimeError("in-place job failed")
     times = read_times(log)
     survivor, joiner = times["w0"], times["w1"]
@@ -49,7 +51,7 @@ def in_place(tmp):
     steps = sorted(survivor)
     typical = statistics.median(survivor[s] - survivor[s - 1] for s in steps[1:])
     return {"out": survivor[first] - survivor[first - 1], "in": survivor[last + 1] - survivor[last],
-            "step": typical, "joined_after_steps": first - 2}
+            "step": typical, "joined_after_steps": first - 2, "joined_after_s": survivor[first - 1] - survivor[2]}
 
 
 def torchrun(tmp, procs, extra, port):
@@ -86,13 +88,17 @@ def main():
         for key in ("out", "in", "step"):
             runs["in_place_" + key].append(r[key])
         runs["joined_after_steps"].append(r["joined_after_steps"])
+        runs["joined_after_s"].append(r["joined_after_s"])
+        with tempfile.TemporaryDirectory() as tmp:
+            runs["joined_after_s_fresh"].append(in_place(tmp, fork_server="0")["joined_after_s"])
         with tempfile.TemporaryDirectory() as tmp:
             runs["restart_out"].append(restart(tmp, 1, 2, 10))
         with tempfile.TemporaryDirectory() as tmp:
             runs["restart_in"].append(restart(tmp, 2, 1, 10))
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"median of {args.repeats} runs; a normal step takes {med['in_place_step'] * 1e3:.1f} ms on the survivor; "
-          f"joiners were admitted {med['joined_after_steps']:.0f} steps after the request (prepared meanwhile)\n")
+          f"joiners were admitted {med['joined_after_steps']:.0f} steps after the request (prepared meanwhile), "
+          f"{med['joined_after_s']:.2f} s after it ({med['joined_after_s_fresh']:.2f} s as a fresh interpreter)\n")
     print("| event | in-place pause ms | torchrun restart pause ms | restart / in-place |")
     print("|---|---|---|---|")
     for event, label in (("out", "scale-out 1 -> 2"), ("in", "scale-in 2 -> 1")):
