@@ -83,8 +83,9 @@ def fork_server_on(env: Dict[str, str]) -> bool:
 
 
 def _forkable(argv, env, per_process) -> bool:
-    if not fork_server_on(env) or len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py") or "PYTHONSAFEPATH" in env:
-        return False  # (PYTHONSAFEPATH: no script folder first in its search path)
+    script = len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
+    if not fork_server_on(env) or not script or "PYTHONSAFEPATH" in env:  # (no script folder first in sys.path)
+        return False
     if not _server:
         _start_server({k: v for k, v in env.items() if k not in per_process})
     server, ours = _server["env"], set(per_process)
@@ -96,18 +97,24 @@ def _start_server(env) -> None:
     its own folder (which each child puts first)."""
     path = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], env=env,
                           check=True, capture_output=True, text=True).stdout
-    saved = dict(os.environ)
     # "__main__": the server runs the launching program's main module once (as multiprocessing's children do,
     # under `if __name__ == "__main__":`), so that no child runs it again before its script.
     multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", *PRELOAD])
-    os.environ.clear()
-    os.environ.update(env)
+    saved = {k: os.environ.get(k) for k in os.environ.keys() | env.keys() if os.environ.get(k) != env.get(k)}
+    _set_environment({k: env.get(k) for k in saved})  # the server inherits this process's environment
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        _set_environment(saved)
     _server.update(env=dict(env), path=json.loads(path))
+
+
+def _set_environment(values) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _run_script(argv, env, path, log_path, cpu) -> None:

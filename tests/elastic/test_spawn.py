@@ -2,6 +2,7 @@
 run it (argv, environment, search path, output, exit code, atexit), and a process whose environment differs in
 what an interpreter reads as it starts is started fresh."""
 import json
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ from easyscale_ext.elastic import spawn
 SCRIPT = """\
 import atexit, json, os, sys
 seen = {"argv": sys.argv, "path0": sys.path[0], "torch_loaded": "torch" in sys.modules,
-        "id": os.environ.get("EASYSCALE_WORKER_ID"), "other": os.environ.get("OTHER"), "cwd": os.getcwd()}
+        "id": os.environ.get("EASYSCALE_WORKER_ID"), "other": os.environ.get("OTHER"), "cwd": os.getcwd(),
+        "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None}
 atexit.register(lambda: print("atexit", flush=True))
 print(json.dumps(seen), flush=True)
 if sys.argv[1] == "sleep":
@@ -53,8 +55,9 @@ def test_a_forked_process_runs_its_script_as_a_fresh_interpreter_would(tmp_path)
     script.parent.mkdir()
     script.write_text(SCRIPT)
     driver.write_text(DRIVER)
+    launcher_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the jobs' say 1
     out = subprocess.run([sys.executable, str(driver), str(script), str(tmp_path)], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+                         timeout=120, cwd=tmp_path, env=launcher_env)
     assert out.returncode == 0, out.stderr
     rows = {row["name"]: row for row in json.loads(out.stdout.splitlines()[-1])}
     for name in ("first", "second", "killed"):
@@ -63,6 +66,7 @@ def test_a_forked_process_runs_its_script_as_a_fresh_interpreter_would(tmp_path)
         assert seen["torch_loaded"]  # the fork server's: the script did not import it
         assert seen["path0"] == str(script.parent) and seen["argv"][0] == str(script)
         assert seen["cwd"] == str(tmp_path) and seen["other"] is None
+        assert seen["threads"] == 1  # OMP_NUM_THREADS=1 read as the server loaded torch: the job's, not the launcher's
     assert json.loads(rows["second"]["out"].splitlines()[0])["id"] == "w1"  # its own environment
     assert (rows["first"]["code"], rows["second"]["code"], rows["killed"]["code"]) == (3, 0, -9)
     assert rows["first"]["out"].splitlines()[1:] == ["atexit"]  # exit handlers run on sys.exit, as in Python
