@@ -38,7 +38,7 @@ class Forked:
         return self._process.exitcode  # negative: the signal that ended it, as Popen's
 
     def poll(self) -> Optional[int]:
-        return self._process.exitcode
+        return self.returncode
 
     def wait(self) -> int:
         self._process.join()
@@ -55,14 +55,14 @@ def start(argv: Sequence[str], env: Dict[str, str], per_process: Sequence[str], 
     `Forked` one where the fork server can start it as a fresh interpreter would, else a `subprocess.Popen`.
     `per_process`: the variables that may differ from the server's environment."""
     argv = list(argv)
-    if log_path:
-        open(log_path, "w").close()  # there (and empty) once started, as with Popen
     if _forkable(argv, env, per_process):
+        if log_path:
+            open(log_path, "w").close()  # there (and empty) once started, as with Popen; the child appends
         process = multiprocessing.get_context("forkserver").Process(
             target=_run_script, args=(argv, env, _server["path"], log_path, cpu))
         process.start()
         return Forked(process)
-    out = open(log_path, "a") if log_path else None
+    out = open(log_path, "w") if log_path else None
     try:
         child = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     finally:
