@@ -60,24 +60,34 @@ def argv(out: str, ckpt: str, n: int, steps: int):
             "--resume", "1", "--block", "0"]  # as member.run: training goes on while joiners prepare
 
 
-def stores_by_job(outs):
-    """{job's --out: the set of stores its live processes talk to}, from /proc (a zombie has no cmdline)."""
+def stores_by_job(outs, fork_servers):
+    """{job's --out: the store each of its live processes talks to}: from /proc for fresh interpreters (a zombie has
+    no cmdline), from `fork_servers` (the nodes' NodeForkServer actors) for their children, each checked in /proc."""
+    import ray
     from easyscale_ext.elastic.client import STORE_ENV
 
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    def read(pid, what):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            if JOB.encode() not in cmd:
-                continue
-            out = cmd[cmd.index(b"--out") + 1].decode()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
-        except (OSError, ValueError):  # it exited meanwhile
+            with open(f"/proc/{pid}/{what}", "rb") as f:
+                return [entry.decode() for entry in f.read().split(b"\0") if entry]
+        except OSError:  # it exited meanwhile
+            return []
+
+    processes = {}  # pid -> (argv, environment)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if JOB in (argv := read(pid, "cmdline")):
+            processes[pid] = argv, dict(e.split("=", 1) for e in read(pid, "environ") if "=" in e)
+    for server in fork_servers:
+        try:
+            forked = ray.get(server.running.remote([STORE_ENV]), timeout=30)
+        except ray.exceptions.RayError:  # gone with its node, and its children with their slots
             continue
-        if out in outs and STORE_ENV.encode() in env:
-            found.setdefault(out, set()).add(env[STORE_ENV.encode()].decode())
+        processes.update((str(pid), seen) for pid, seen in forked.items() if read(pid, "cmdline"))
+    found = {}
+    for argv, env in processes.values():
+        out = argv[argv.index("--out") + 1] if "--out" in argv else None
+        if out in outs and STORE_ENV in env:
+            found.setdefault(out, []).append(env[STORE_ENV])
     return found
 
 
@@ -107,6 +117,7 @@ class Chaos:
             self.outs[out] = job
         self.timeline = {job: [] for job in self.ids}  # job -> [(time, state, step)]
         self.twice = []  # (time, job, stores): a job seen running under two stores at once
+        self.most_processes = 0  # the most job processes the watcher saw at once (it sees them: more than 0)
         self.faults = []
         self.done = threading.Event()
         self.watcher = threading.Thread(target=self.watch, daemon=True)
@@ -133,10 +144,25 @@ class Chaos:
                 progress = (job["live"] or {}).get("progress") or {}
                 self.timeline[job["id"]].append((now, job["state"], progress.get("step", 0),
                                                  list((job["live"] or {}).get("members", []))))
-            for out, stores in stores_by_job(self.outs).items():
-                if len(stores) > 1:
-                    self.twice.append((now, self.outs[out], sorted(stores)))
+            found = stores_by_job(self.outs, self.fork_servers())
+            self.most_processes = max(self.most_processes, sum(map(len, found.values())))
+            for out, stores in found.items():
+                if len(set(stores)) > 1:
+                    self.twice.append((now, self.outs[out], sorted(set(stores))))
             time.sleep(0.25)
+
+    def fork_servers(self):
+        """The fork servers of the nodes up now (none on a node that has not started a process yet)."""
+        from easyscale_ext.cluster import NAMESPACE
+        from easyscale_ext.cluster.worker import fork_server_name
+
+        servers = []
+        for node in self.local.node_ids():
+            try:
+                servers.append(self.ray.get_actor(fork_server_name(node), namespace=NAMESPACE))
+            except ValueError:
+                pass
+        return servers
 
     def latest(self, job):
         return self.timeline[job][-1] if self.timeline[job] else (0, "queued", 0, [])
@@ -163,7 +189,7 @@ class Chaos:
                 if kind == "slot actor":
                     ray.kill(actor)
                 else:
-                    pid = ray.get(actor.__ray_call__.remote(lambda slot: slot.child.pid), timeout=30)
+                    pid = ray.get(actor.pid.remote(), timeout=30)
                     os.kill(pid, signal.SIGKILL if kind == "kill -9" else signal.SIGTERM)
             except (ValueError, ray.exceptions.RayError, ProcessLookupError):  # it ended since the last look
                 return None
@@ -238,6 +264,7 @@ def run(work: str, specs, seed: int, faults: int, gap: float, policy: str) -> di
     ends = [next((t for t, state, _, _ in line if state in ("finished", "failed")), float("nan")) for line in timeline]
     outs = {job: out for out, job in chaos.outs.items()}
     return dict(jobs=[jobs[job] for job in chaos.ids], timeline=timeline, twice=chaos.twice,
+                most_processes=chaos.most_processes,
                 faults=[dict(f, steps={index[job]: step for job, step in f["steps"].items()}) for f in chaos.faults],
                 sha256=[open(outs[job]).read() if os.path.exists(outs[job]) else None for job in chaos.ids],
                 times=[end - chaos.t0 for end in ends])
@@ -272,7 +299,8 @@ def report(runs: dict, specs, references) -> dict:
                if j["state"] == "finished" and digest != references[n, steps]]
     usual = [step_seconds(line) for line in runs.get("fault-free", chaos)["timeline"]]
     print(f"\njobs lost: {len(lost)} {lost}  bits changed: {len(changed)} {changed}  "
-          f"run twice at once: {len(chaos['twice'])} {chaos['twice'][:3]}")
+          f"run twice at once: {len(chaos['twice'])} {chaos['twice'][:3]}  "
+          f"processes seen at once: up to {chaos['most_processes']}")
     for job in chaos["jobs"]:
         print(f"  {job['id']}: {job['state']} {job.get('note') or ''}")
     print("\n| fault | count | time it cost, median (s) | max (s) |\n|---|---:|---:|---:|")

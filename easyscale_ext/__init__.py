@@ -12,6 +12,7 @@ Layers, each importing only those below it (docs/ARCHITECTURE.md):
     sched     the cluster-scheduling models, policies and simulator: no torch, no runtime
     _search   Pollux's compiled allocation search, which sched uses: no torch
     placement which virtual ranks each process owns: no torch
+    spawn     a job's process starts, forked from a server that has torch loaded: no torch itself
     determinism  D0/D1/D2 and the environment each needs: torch only where a process applies one
 
 The public names below load on first use, so that `import easyscale_ext.sched` (the simulator, the CLI's

@@ -108,6 +108,10 @@ class JobSupervisor:
         self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
         self.suspended: Optional[int] = None  # the step it ended at, suspended before its last one
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
+        # what _start sets for each process (read once its script runs): the rest of a process's environment is
+        # its node's fork server's, or the process is started fresh
+        self.per_process = (client.STORE_ENV, client.SECRET_ENV, client.ID_ENV, client.JOIN_ENV, client.CHECKPOINT_ENV,
+                            client.BALANCE_ENV, NODE_ENV, TYPE_ENV)
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
@@ -234,7 +238,7 @@ class JobSupervisor:
             resources={SLOT: 1}, num_gpus=1 if gpu_node else 0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
-            [sys.executable] + self.argv, env, self._log_path(name))
+            [sys.executable] + self.argv, env, self._log_path(name), self.per_process)
         self.processes[name] = Process(node, actor, ProcessState.JOINING if joining else ProcessState.STARTING,
                                        joiner=joining)
 

@@ -1,54 +1,144 @@
-"""One process of a job on one slot: a Ray actor that runs the training script as a child process, so that
-the script runs unchanged (as under `easyscale run`) and its death is the child's, never the actor's. The
-child dies with the actor (a node lost, the actor killed): no training process outlives its slot."""
+"""One process of a job on one slot: a Ray actor that runs the training script as a process of its own, so that
+the script runs unchanged (as under `easyscale run`) and its death is the process's, never the actor's. The
+process dies with the actor (a node lost, the actor killed): no training process outlives its slot.
+
+The process is forked by its node's fork server (`NodeForkServer`: `easyscale_ext.spawn` in a Ray actor, one per
+node), which has imported torch once for every process the node starts, where its environment allows; else it is
+the actor's child, a fresh interpreter."""
 import os
+import select
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .. import spawn
+from . import NAMESPACE
 
 # Run before the script, in its process: the kernel sends it SIGKILL when the actor's process ends (Linux's
 # PR_SET_PDEATHSIG, kept across exec). Not a preexec_fn: Python code between fork and exec can deadlock in
 # a process with threads, as Ray's workers are.
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
                    "os.execvp(sys.argv[1], sys.argv[1:])")
+GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # a slot's own (Ray sets it per actor): read when the process first uses CUDA
+
+
+@ray.remote(num_cpus=0)
+class NodeForkServer:
+    """Forks the node's job processes from a fork server (started under the first one's environment) and keeps
+    each one's exit code until its slot has read it: only the process that forked a child can."""
+
+    def __init__(self):
+        self.children: Dict[int, tuple] = {}  # pid -> (its spawn.Forked, its slot actor's pid, its argv, its env)
+
+    def start(self, argv: List[str], env: Dict[str, str], per_process: Sequence[str], log_path: str,
+              slot_pid: int) -> Optional[int]:
+        """The pid of `argv` forked with this node's environment and `env`, dying with process `slot_pid`; None
+        where its environment differs from the fork server's in more than `per_process` (its slot starts it)."""
+        env = dict(os.environ, **env)
+        if not spawn.forkable(argv, env, per_process):
+            return None
+        self._forget_orphans()
+        child = spawn.start(argv, env, per_process, log_path, die_with=slot_pid, append=True)  # a resumed job's too
+        self.children[child.pid] = (child, slot_pid, argv, env)
+        return child.pid
+
+    def poll(self, pid: int, wait: bool = False) -> Optional[int]:
+        """Child `pid`'s exit code (after waiting for it, with `wait`), None while it runs; forgotten once given."""
+        child = self.children[pid][0]
+        code = child.wait() if wait else child.poll()
+        if code is not None:
+            del self.children[pid]
+        return code
+
+    def running(self, variables: Sequence[str]) -> Dict[int, tuple]:
+        """{pid: (argv, {name: value} of `variables` in its environment)} of each child still running: what /proc
+        shows of a fresh interpreter (a forked child's /proc shows the fork server's command and environment)."""
+        return {pid: (argv, {k: env[k] for k in variables if k in env})
+                for pid, (child, _, argv, env) in self.children.items() if child.poll() is None}
+
+    def _forget_orphans(self) -> None:
+        """The children that ended after their slot's actor, which never asks for their code."""
+        for pid, (child, slot_pid, _, _) in list(self.children.items()):
+            if child.poll() is not None and not _alive(slot_pid):
+                del self.children[pid]
 
 
 @ray.remote(num_cpus=0)
 class SlotWorker:
-    def __init__(self, argv: List[str], env: Dict[str, str], log_path: str):
+    def __init__(self, argv: List[str], env: Dict[str, str], log_path: str, per_process: Sequence[str] = ()):
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.child = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT, *argv], env=dict(os.environ, **env),
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.log_path, self.code = log_path, None
+        if GPUS_ENV in os.environ:
+            env = dict(env, **{GPUS_ENV: os.environ[GPUS_ENV]})
+        node = ray.get_runtime_context().get_node_id()
+        self.server = NodeForkServer.options(
+            name=fork_server_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        self.process_pid = ray.get(self.server.start.remote(argv, env, [*per_process, GPUS_ENV], log_path, os.getpid()))
+        self.child = None
+        if self.process_pid is None:
+            with open(log_path, "ab") as log:
+                self.child = subprocess.Popen([sys.executable, "-c", DIE_WITH_PARENT, *argv],
+                                              env=dict(os.environ, **env), stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True)
+            self.process_pid = self.child.pid
+        self.ended = os.pidfd_open(self.process_pid)  # readable once the process has ended, whoever its parent
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
+    def pid(self) -> int:
+        """The process's id on this slot's node (e.g. to signal it from outside, as a fault would)."""
+        return self.process_pid
+
     def poll(self) -> Optional[int]:
-        """The child's exit code, None while it runs."""
-        return self.child.poll()
+        """The process's exit code, None while it runs."""
+        return self._code(wait=False)
 
     def terminate(self) -> None:
         """SIGTERM: the process leaves the job at its next step boundary, in place (a preemption)."""
-        if self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
+        if self._code(wait=False) is None:
+            os.kill(self.process_pid, signal.SIGTERM)
 
     def kill(self) -> Optional[int]:
-        """Kill the child and whatever it started (DataLoader workers); returns its exit code."""
-        if self.child.poll() is None:
+        """Kill the process and whatever it started (DataLoader workers); returns its exit code."""
+        if self._code(wait=False) is None:
             try:
-                os.killpg(self.child.pid, signal.SIGKILL)
+                os.killpg(self.process_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        return self.child.wait()
+        return self._code(wait=True)
 
     def log(self, offset: int = 0, limit: int = 1 << 20) -> bytes:
-        """Bytes of the child's output from `offset` (logs travel through Ray: no shared file system needed)."""
+        """Bytes of the process's output from `offset` (logs travel through Ray: no shared file system needed)."""
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             return f.read(limit)
 
+    def _code(self, wait: bool) -> Optional[int]:
+        if self.code is None:
+            if self.child is not None:
+                self.code = self.child.wait() if wait else self.child.poll()
+            elif wait or select.select([self.ended], [], [], 0)[0]:
+                try:
+                    self.code = ray.get(self.server.poll.remote(self.process_pid, wait=True), timeout=60)
+                except (ray.exceptions.RayError, KeyError):  # its fork server went (with its node): it was killed
+                    self.code = -signal.SIGKILL
+        return self.code
+
+
+def fork_server_name(node: str) -> str:
+    """The Ray name (in NAMESPACE) of node `node`'s fork server."""
+    return f"forkserver/{node}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Dict, Optional, Sequence
 
-from . import spawn
+from .. import spawn
 from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, new_secret, serve
 from .protocol import hosted
 

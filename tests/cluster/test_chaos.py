@@ -2,6 +2,7 @@
 moves jobs), 8 random faults (a fixed seed); every job must end with its fixed-size run's bits, none lost or run
 twice at once (its exit status)."""
 import os
+import re
 
 import pytest
 
@@ -20,3 +21,5 @@ def test_random_faults_lose_no_job_and_change_no_bit(tmp_path):
     assert out.returncode == 0 and "jobs lost: 0 []  bits changed: 0 []  run twice at once: 0 []" in out.stdout, \
         out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count(" s  ") >= 8  # every fault struck
+    # the watcher saw the jobs' processes (forked ones too: their /proc shows the fork server's command)
+    assert int(re.search(r"processes seen at once: up to (\d+)", out.stdout).group(1)) >= 2, out.stdout[-3000:]

@@ -286,7 +286,7 @@ def test_a_job_whose_only_process_is_killed_or_stopped_from_outside_resumes_from
             for name in set(signals) - hit:
                 if step_of(status(name)) >= 5:
                     slot = ray.get_actor(f"{jobs[name]}/w0", namespace="easyscale")
-                    os.kill(ray.get(slot.__ray_call__.remote(lambda worker: worker.child.pid)), signals[name])
+                    os.kill(ray.get(slot.pid.remote()), signals[name])
                     (tmp_path / f"{name}-hit").touch()
                     hit.add(name)
             assert time.monotonic() < deadline, f"no 5 steps: {[status(name) for name in set(signals) - hit]}"

@@ -1,5 +1,6 @@
 """A job's supervisor changes the job's slots in place, across nodes, and not a bit of the result."""
 import os
+import signal
 import sys
 import time
 
@@ -10,6 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from easyscale_ext.cluster import NAMESPACE, SLOT
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
+from easyscale_ext.cluster.worker import SlotWorker
 from support.jobs import JOB, START_S, reference
 from support.sockets import listening
 
@@ -139,3 +141,52 @@ def test_a_job_suspended_before_its_processes_started_ends_suspended_and_never_s
     assert report.done == 0 and report.orphaned == "suspended before its processes started"
     assert report.holding == [] and ray.get(supervisor.names.remote()) == []
     ray.kill(supervisor)
+
+
+# A process that starts a process of its own, says whether torch was loaded before its first line, and waits.
+STARTS_ONE = """\
+import os, subprocess, sys, time
+loaded = "torch" in sys.modules
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.getpid()} {child.pid} {loaded}")
+time.sleep(600)
+"""
+
+
+def test_a_slots_process_and_what_it_started_end_with_its_actor_forked_or_not(cluster, tmp_path):
+    """On a new node the first process is forked from the node's fork server, started under its environment; one
+    with another variable is the actor's own child, a fresh interpreter. Killing a slot's actor (as a crash would)
+    ends its process either way; a forked one runs in a session of its own, which ends with it, the process's own
+    children included (a fresh one's children end as orphans do: DataLoader workers watch their parent). (Last in
+    the module: it adds a node.)"""
+    index = cluster.add_node(slots=2)
+    node = cluster.node_ids()[index]
+    try:
+        script = tmp_path / "starts_one.py"
+        script.write_text(STARTS_ONE)
+        env = {"PYTHONPATH": os.pathsep.join(sys.path)}
+        for name, extra, forked in (("a", {}, True), ("b", {"OTHER": "1"}, False)):
+            actor = SlotWorker.options(resources={SLOT: 1}, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node, soft=False)).remote([sys.executable, str(script), str(tmp_path / name)], dict(env, **extra),
+                                          str(tmp_path / f"{name}.log"))
+            wait(lambda: (tmp_path / name).exists() and (tmp_path / name).read_text(), f"process {name}")
+            pid, child, loaded = (tmp_path / name).read_text().split()
+            assert loaded == str(forked), (tmp_path / f"{name}.log").read_text()
+            assert ray.get(actor.poll.remote()) is None
+            ray.kill(actor)
+            ended = (pid, child) if forked else (pid,)
+            wait(lambda: not any(map(running, ended)), f"the end of {name}'s processes", timeout=20)
+            if not forked:
+                os.kill(int(child), signal.SIGKILL)
+    finally:
+        cluster.remove_node(index)
+
+
+def running(pid: str) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie waits only for its parent to read its code)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from easyscale_ext.elastic import spawn
+from easyscale_ext import spawn
 
 SCRIPT = """\
 import atexit, json, os, sys
@@ -26,7 +26,7 @@ sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else 0)
 # Run in its own process: the fork server is one per launching process, started under the first child's environment.
 DRIVER = """\
 import json, os, sys, time
-from easyscale_ext.elastic import spawn
+from easyscale_ext import spawn
 
 if __name__ == "__main__":
     script, tmp = sys.argv[1], sys.argv[2]

@@ -1,5 +1,5 @@
-"""Starting a job's processes on this machine: forked from an interpreter that has torch loaded, where that is the
-same as starting a fresh one.
+"""Starting a job's processes: forked from an interpreter that has torch loaded, where that is the same as starting
+a fresh one (`easyscale run`'s processes, and cluster mode's on each node).
 
 Importing torch costs a process seconds of CPU (4 s on a 2.45 GHz EPYC), more than a small job's training, and a
 joining process's start is what a scale-up waits for. So `easyscale run` starts `python script.py ...` through
@@ -9,15 +9,18 @@ process, that has imported torch and easyscale_ext and forks a child per request
 or loads a library (PYTHON*, OpenMP's OMP_*, MKL's settings) is then the fork server's: a process whose
 environment differs from the server's in anything but the variables the launcher sets per process (read once the
 script runs) is started fresh, with `subprocess`, as is a command other than `python script.py`, and every process
-where the environment says EASYSCALE_FORK_SERVER=0.
+where the environment says EASYSCALE_FORK_SERVER=0. Imports no torch (the fork server does).
 """
 import atexit
 import json
 import multiprocessing
 import os
 import runpy
+import select
+import signal
 import subprocess
 import sys
+import threading
 from multiprocessing import forkserver
 from typing import Dict, Optional, Sequence
 
@@ -50,19 +53,21 @@ class Forked:
 
 
 def start(argv: Sequence[str], env: Dict[str, str], per_process: Sequence[str], log_path: Optional[str] = None,
-          cpu: Optional[int] = None):
+          cpu: Optional[int] = None, die_with: Optional[int] = None, append: bool = False):
     """Process `argv` with `env`, its output to `log_path` (None: this process's), on core `cpu` (None: any): a
     `Forked` one where the fork server can start it as a fresh interpreter would, else a `subprocess.Popen`.
-    `per_process`: the variables that may differ from the server's environment."""
+    `per_process`: the variables that may differ from the server's environment. `die_with` (forked only): the pid
+    of a process whose end kills this one, in a session of its own, with whatever it started. `append`: to the end of
+    `log_path` (else it is emptied first)."""
     argv = list(argv)
-    if _forkable(argv, env, per_process):
+    if forkable(argv, env, per_process):
         if log_path:
-            open(log_path, "w").close()  # there (and empty) once started, as with Popen; the child appends
+            open(log_path, "a" if append else "w").close()  # there once started, as with Popen; the child appends
         process = multiprocessing.get_context("forkserver").Process(
-            target=_run_script, args=(argv, env, _server["path"], log_path, cpu))
+            target=_run_script, args=(argv, env, _server["path"], log_path, cpu, die_with))
         process.start()
         return Forked(process)
-    out = open(log_path, "w") if log_path else None
+    out = open(log_path, "a" if append else "w") if log_path else None
     try:
         child = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     finally:
@@ -82,7 +87,8 @@ def fork_server_on(env: Dict[str, str]) -> bool:
     return setting == "1"
 
 
-def _forkable(argv, env, per_process) -> bool:
+def forkable(argv: Sequence[str], env: Dict[str, str], per_process: Sequence[str]) -> bool:
+    """Whether `start` forks `argv` under `env` (the first call starts the fork server, under `env`)."""
     script = len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
     if not fork_server_on(env) or not script or "PYTHONSAFEPATH" in env:  # (no script folder first in sys.path)
         return False
@@ -109,6 +115,21 @@ def _start_server(env) -> None:
     _server.update(env=dict(env), path=json.loads(path))
 
 
+def _die_with(pid: int) -> None:
+    """SIGKILL this session once process `pid` has ended (what PR_SET_PDEATHSIG does for a parent), from a thread
+    that waits on the process's pidfd."""
+    try:
+        ended = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os.killpg(0, signal.SIGKILL)
+
+    def watch():
+        select.select([ended], [], [])
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="easyscale-die-with").start()
+
+
 def _set_environment(values) -> None:
     for key, value in values.items():
         if value is None:
@@ -117,8 +138,11 @@ def _set_environment(values) -> None:
             os.environ[key] = value
 
 
-def _run_script(argv, env, path, log_path, cpu) -> None:
+def _run_script(argv, env, path, log_path, cpu, die_with) -> None:
     """In the forked child: what `python script.py args...` sets up, then the script as `__main__`."""
+    if die_with is not None:
+        os.setsid()
+        _die_with(die_with)
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     os.environ.clear()
