@@ -126,7 +126,7 @@ class SlotWorker:
             elif wait or select.select([self.ended], [], [], 0)[0]:
                 try:
                     self.code = ray.get(self.server.poll.remote(self.process_pid, wait=True), timeout=60)
-                except (ray.exceptions.RayError, KeyError):  # its fork server went (with its node): it was killed
+                except ray.exceptions.RayError:  # its fork server went (with its node): it was killed
                     self.code = -signal.SIGKILL
         return self.code
 

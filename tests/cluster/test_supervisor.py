@@ -162,6 +162,7 @@ def test_a_slots_process_and_what_it_started_end_with_its_actor_forked_or_not(cl
     the module: it adds a node.)"""
     index = cluster.add_node(slots=2)
     node = cluster.node_ids()[index]
+    started = []  # every pid the scripts wrote: none may outlive the test, whatever fails
     try:
         script = tmp_path / "starts_one.py"
         script.write_text(STARTS_ONE)
@@ -172,15 +173,16 @@ def test_a_slots_process_and_what_it_started_end_with_its_actor_forked_or_not(cl
                                           str(tmp_path / f"{name}.log"))
             wait(lambda: (tmp_path / name).exists() and (tmp_path / name).read_text(), f"process {name}")
             pid, child, loaded = (tmp_path / name).read_text().split()
+            started += [pid, child]
             assert loaded == str(forked), (tmp_path / f"{name}.log").read_text()
             assert ray.get(actor.poll.remote()) is None
             ray.kill(actor)
             ended = (pid, child) if forked else (pid,)
             wait(lambda: not any(map(running, ended)), f"the end of {name}'s processes", timeout=20)
-            if not forked:
-                os.kill(int(child), signal.SIGKILL)
     finally:
         cluster.remove_node(index)
+        for pid in filter(running, started):  # the fresh process's child, orphaned
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def running(pid: str) -> bool:
