@@ -11,7 +11,7 @@ from typing import List, Optional, Union
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import determinism
+from .. import determinism, spawn
 from ..sched import live, rounds
 from ..sched.lifecycle import HOLDING, LIVE, JobState
 from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
@@ -80,6 +80,7 @@ class Scheduler:
             raise ValueError(f"need 1 <= min procs ({min_procs}) <= max procs ({max_procs}) <= virtual workers "
                              f"({virtual_workers})")
         env = dict(env or {}, **determinism.environment(level, isa))  # a ValueError names a bad level or isa
+        spawn.fork_server_on(env)  # a ValueError names the choices, before any node tries to start the job
         if application is not None:
             try:
                 app = self.apps[application]

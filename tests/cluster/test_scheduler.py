@@ -130,15 +130,16 @@ def test_a_job_that_ends_hands_its_slots_on_at_once_not_a_round_later(cluster, t
         ray.kill(actor)
 
 
-@pytest.mark.parametrize("argv,n,min_procs,message", [
-    (["no/such/script.py"], 4, 1, "no training script at 'no/such/script.py'"),
-    ([JOB], 8, 5, "needs at least 5 slots and the cluster has 4"),
-    ([JOB], 2, 3, "need 1 <= min procs (3) <= max procs"),
+@pytest.mark.parametrize("argv,n,min_procs,env,message", [
+    (["no/such/script.py"], 4, 1, None, "no training script at 'no/such/script.py'"),
+    ([JOB], 8, 5, None, "needs at least 5 slots and the cluster has 4"),
+    ([JOB], 2, 3, None, "need 1 <= min procs (3) <= max procs"),
+    ([JOB], 2, 1, {"EASYSCALE_FORK_SERVER": "yes"}, "EASYSCALE_FORK_SERVER='yes': set 1"),
 ])
-def test_a_submission_it_cannot_run_is_refused_and_nothing_is_queued(scheduler, argv, n, min_procs, message):
+def test_a_submission_it_cannot_run_is_refused_and_nothing_is_queued(scheduler, argv, n, min_procs, env, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         try:
-            ray.get(scheduler.submit.remote(argv, n, min_procs))
+            ray.get(scheduler.submit.remote(argv, n, min_procs, None, None, env))
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause()
     assert ray.get(scheduler.status.remote()) == []
