@@ -43,8 +43,10 @@ class Forked:
     def poll(self) -> Optional[int]:
         return self.returncode
 
-    def wait(self) -> int:
-        self._process.join()
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
         return self._process.exitcode
 
     def kill(self) -> None:

@@ -3,7 +3,9 @@
 // and host-side plans, which torch custom classes would add nothing to).
 // Stateless tensor ops are torch ops (see ops.cpp).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <sstream>
 

@@ -1,7 +1,8 @@
 // Turns torch tensor lists into the core's raw TensorList, with the checks
 // both backends share. Header-only glue; the core never sees a Tensor.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include "../core/reduce.h"
 

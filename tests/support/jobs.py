@@ -10,12 +10,30 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from easyscale_ext import determinism
+from easyscale_ext import determinism, spawn
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
 # Seconds a job may take to start processes and reach its first steps under Ray: slot actors start and its
 # processes import torch, on two cores the other test worker keeps busy (over 100 s on the slower machines).
 START_S = 240
+
+
+def job_env() -> Dict[str, str]:
+    """The environment a test's job runs under: this process's, with one intra-op thread and without the variable
+    pytest sets anew for each test (PYTEST_CURRENT_TEST). easyscale_ext.spawn forks a job's processes from a
+    server that has torch loaded only where their environment equals the server's, so the jobs of every test in
+    one pytest worker fork from one server (4 s of CPU saved a process), not only those of the test that started it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["OMP_NUM_THREADS"] = "1"
+    spawn.forkable([sys.executable, JOB], env, ())  # the first call starts the server: under this environment
+    return env
+
+
+def _wait(child, timeout: float) -> None:
+    try:
+        child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass  # killed in run_job's clean-up; its log says where it was
 
 
 def _flags(options) -> List[str]:
@@ -65,18 +83,22 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
         args += _flags(options)
         env_per_rank = env_per_rank or [{}] * procs
         # Ranks of one environment fork from one process after its imports (4 s of CPU each saved); ranks that
-        # emulate different machines start as processes of their own, each reading its environment at start-up.
+        # emulate different machines start as processes of their own, each reading its environment at start-up
+        # (and so does a job whose environment differs from the fork server's: spawn starts it fresh).
         starts = [["--rank", "0", "--fork", "1"]] if all(e == env_per_rank[0] for e in env_per_rank) else \
             [["--rank", str(rank)] for rank in range(procs)]
-        children, logs = [], []
+        base, children = job_env(), []
         try:
             for rank, flags in enumerate(starts):
-                env = dict(os.environ, OMP_NUM_THREADS="1")
-                env.update(env_per_rank[rank])
-                children.append(subprocess.Popen(args + flags, env=env, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
+                argv, env, log = args + flags, dict(base, **env_per_rank[rank]), os.path.join(tmp, f"log.{rank}")
+                if spawn.forkable(argv, env, ()):  # in a session of its own, with the ranks it forks
+                    children.append(spawn.start(argv, env, (), log_path=log, die_with=os.getpid()))
+                    continue
+                with open(log, "w") as output:
+                    children.append(subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                                     start_new_session=True))
             for child in children:
-                logs.append(child.communicate(timeout=timeout)[0])
+                _wait(child, timeout)
         finally:
             for child in children:
                 kill_tree(child)
@@ -84,6 +106,7 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
                 # its process group (which keeps its id while one of them lives).
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)
+        logs = [open(os.path.join(tmp, f"log.{rank}")).read() for rank in range(len(starts))]
         failed = [(i, c.returncode) for i, c in enumerate(children) if c.returncode != 0]
         if failed:
             raise RuntimeError(f"{mode} job failed {failed}:\n" + "\n".join(logs))
@@ -108,7 +131,7 @@ def run_elastic(procs: int, schedule: str, timeout: int = 300, cpus=None, env_pe
         out = os.path.join(tmp, "hash")
         args = [sys.executable, JOB, "--mode", "easyscale", "--elastic", "1", "--schedule", schedule, "--out", out]
         args += _flags(options)
-        launcher = ElasticLauncher(args, procs, env=dict(os.environ, OMP_NUM_THREADS="1"), log_dir=tmp, cpus=cpus,
+        launcher = ElasticLauncher(args, procs, env=job_env(), log_dir=tmp, cpus=cpus,
                                    env_per_process=env_per_process)
         code = launcher.run(timeout_s=timeout)
         logs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".log"))
