@@ -18,15 +18,18 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
 START_S = 240
 
 
+# The environment the tests' jobs run under: this process's as its tests were collected, with one intra-op thread.
+# Fixed, not read at each start: what changes os.environ later (pytest's PYTEST_CURRENT_TEST for each test, a module
+# that sets a thread count as it is imported, a local Ray's variables) would make a later job's environment differ
+# from the fork server's, and easyscale_ext.spawn would start its processes fresh (4 s of CPU each).
+JOB_ENV = dict({k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}, OMP_NUM_THREADS="1")
+
+
 def job_env() -> Dict[str, str]:
-    """The environment a test's job runs under: this process's, with one intra-op thread and without the variable
-    pytest sets anew for each test (PYTEST_CURRENT_TEST). easyscale_ext.spawn forks a job's processes from a
-    server that has torch loaded only where their environment equals the server's, so the jobs of every test in
-    one pytest worker fork from one server (4 s of CPU saved a process), not only those of the test that started it."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    env["OMP_NUM_THREADS"] = "1"
-    spawn.forkable([sys.executable, JOB], env, ())  # the first call starts the server: under this environment
-    return env
+    """JOB_ENV, a copy; the first call starts this process's fork server under it, so that the jobs of every test
+    in one pytest worker fork from one server."""
+    spawn.forkable([sys.executable, JOB], JOB_ENV, ())
+    return dict(JOB_ENV)
 
 
 def _wait(child, timeout: float) -> None:
