@@ -1,5 +1,6 @@
 """EasyScaleStrategy (easyscale_ext/lightning.py), as the README gives it: its Lightning example ends with one
-SHA-256 on 1 process and on 2 then, restarted from its checkpoint, 4 processes, under gradient accumulation; each setting it cannot honour fails at once, naming the setting."""
+SHA-256 on 1 process and on 2 then, restarted from its checkpoint, 4 processes, under gradient accumulation;
+each setting it cannot honour fails at once, naming the setting."""
 import os
 
 import pytest

@@ -94,7 +94,7 @@ def run_job(mode: str, procs: int = 1, env_per_rank: Optional[List[Dict[str, str
         try:
             for rank, flags in enumerate(starts):
                 argv, env, log = args + flags, dict(base, **env_per_rank[rank]), os.path.join(tmp, f"log.{rank}")
-                if spawn.forkable(argv, env, ()):  # in a session of its own, with the ranks it forks
+                if spawn.forkable(argv, env, ()):  # leads a process group of its own, with the ranks it forks
                     children.append(spawn.start(argv, env, (), log_path=log, die_with=os.getpid()))
                     continue
                 with open(log, "w") as output:
