@@ -25,7 +25,9 @@ from multiprocessing import forkserver
 from typing import Dict, Optional, Sequence
 
 FORK_SERVER_ENV = "EASYSCALE_FORK_SERVER"  # "0": every process a fresh interpreter
-PRELOAD = ["easyscale_ext.elastic"]  # torch, torch.distributed, the extension and the elastic runtime
+# torch, torch.distributed, the extension and the elastic runtime; and torch._dynamo, which every torch.optim
+# optimizer imports as it is first built (1 s of CPU in each process otherwise, a small job's whole training).
+PRELOAD = ["easyscale_ext.elastic", "torch._dynamo"]
 _server = {}  # the fork server this process started: "env" it runs under, "path" a script's sys.path there
 
 

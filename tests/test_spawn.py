@@ -13,6 +13,7 @@ from easyscale_ext import spawn
 SCRIPT = """\
 import atexit, json, os, sys
 seen = {"argv": sys.argv, "path0": sys.path[0], "torch_loaded": "torch" in sys.modules,
+        "dynamo_loaded": "torch._dynamo" in sys.modules,
         "id": os.environ.get("EASYSCALE_WORKER_ID"), "other": os.environ.get("OTHER"), "cwd": os.getcwd(),
         "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None}
 atexit.register(lambda: print("atexit", flush=True))
@@ -64,6 +65,7 @@ def test_a_forked_process_runs_its_script_as_a_fresh_interpreter_would(tmp_path)
         assert rows[name]["kind"] == "Forked", rows[name]
         seen = json.loads(rows[name]["out"].splitlines()[0])
         assert seen["torch_loaded"]  # the fork server's: the script did not import it
+        assert seen["dynamo_loaded"]  # so is what a torch.optim optimizer imports as it is first built
         assert seen["path0"] == str(script.parent) and seen["argv"][0] == str(script)
         assert seen["cwd"] == str(tmp_path) and seen["other"] is None
         assert seen["threads"] == 1  # OMP_NUM_THREADS=1 read as the server loaded torch: the job's, not the launcher's
@@ -73,7 +75,7 @@ def test_a_forked_process_runs_its_script_as_a_fresh_interpreter_would(tmp_path)
     # Another value of a variable an interpreter may read as it starts: a fresh interpreter, torch not loaded.
     assert rows["other"]["kind"] == "Popen" and rows["other"]["code"] == 0
     seen = json.loads(rows["other"]["out"].splitlines()[0])
-    assert not seen["torch_loaded"] and seen["other"] == "1"
+    assert not seen["torch_loaded"] and not seen["dynamo_loaded"] and seen["other"] == "1"
     assert rows["other"]["out"].splitlines()[1:] == ["atexit"]
     assert rows["off"]["kind"] == "Popen" and rows["off"]["code"] == 0
 
