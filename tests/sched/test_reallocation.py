@@ -149,4 +149,4 @@ def test_ours_offers_two_type_configurations_only_where_d2_is_cheap(apps):
 
 
 def test_in_place_pause_is_the_measured_one():
-    assert PAUSE_S == pytest.approx(0.0721)  # BENCHMARKS.md, scale-in 2 -> 1, the longer event
+    assert PAUSE_S == pytest.approx(0.0721)  # the pause every simulated table charges (models/reallocation.py)
