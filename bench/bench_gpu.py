@@ -18,9 +18,12 @@ levels   step time of D1 and D2 against D0: EasyScaleDDP with N = 4 on one proce
 unfilled D1 with and without torch's fill of uninitialized memory (EASYSCALE_FILL_UNINITIALIZED=0): the levels
          part's step times and the profile part's D1 profile without the fill, and the D2 hashes of the amp part's
          models both ways (equal where no kernel reads memory it did not write).
+cudnn    D2 without cuDNN (EASYSCALE_CUDNN=0: convolutions and batch norm in ATen's own CUDA kernels): the hashes
+         part's convolutional models on its placements, with the reference's per-tensor hashes, and the step time
+         of the levels part's convolutional models at D2 with and without cuDNN.
 host     where a bfloat16 step's host time goes: one step of EasyScaleDDP N = 4 and of 4-micro-batch accumulation,
          ResNet-50 and the transformer, under torch.profiler: the host operations with the most self time.
---compare OTHER.json: this GPU's hashes against another GPU's, model by model.
+--compare OTHER.json: this GPU's hashes against another GPU's, model by model, for each set of hashes both hold.
 --device cpu runs the same code on the CPU, a smoke run whose times mean nothing.
 
     PYTHONPATH=. python3 bench/bench_gpu.py --parts hashes --json OUT.json [--compare OTHER.json] [--rounds 3]
@@ -42,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 HASH_MODELS = ("digits", "cnn", "resnet18", "transformer")
 AMP_MODELS = ("cnn", "resnet18", "transformer")
+CONV_MODELS = ("cnn", "resnet18")
 PLACEMENTS = {"reference": 1, "P=1": 1, "P=2": 2, "P=4": 4}  # processes sharing the GPU, N = 4
 LEVEL_MODELS = ("resnet50", "convbn", "transformer")
 LEVELS = ("D0", "D1", "D2")
@@ -92,6 +96,23 @@ def first_difference(ours, theirs):
         if name != other_name or mine != other:
             return name
     return None
+
+
+def compare(result, path):
+    """Print, for each set of hashes this run and another GPU's both hold, which placements give equal hashes, and
+    the first tensor that differs where the reference's per-tensor hashes are in both."""
+    with open(path) as f:
+        other = json.load(f)
+    for key in sorted(k for k in result if k.startswith("hashes") and k in other):
+        tensors = key.replace("hashes", "tensors")
+        print(f"{key}, {result['device']} against {other['device']}:")
+        for model, found in result[key].items():
+            theirs = other[key].get(model, {})
+            same = [p for p in found if theirs.get(p) == found[p]]
+            print(f"  {model:12s} equal in {len(same)} of {len(found)} placements ({', '.join(same) or 'none'})")
+            if len(same) < len(found) and model in result.get(tensors, {}) and model in other.get(tensors, {}):
+                first = first_difference(result[tensors][model], other[tensors][model])
+                print(f"  {'':12s} the first tensor that differs: {first}")
 
 
 def print_hashes(title, found):
@@ -313,7 +334,7 @@ def main():
     ap.add_argument("--compare", help="another GPU's --json: compare its hashes with this one's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--parts", default="hashes,ddp,amp,profile,levels,unfilled,host")
+    ap.add_argument("--parts", default="hashes,ddp,amp,profile,levels,unfilled,cudnn,host")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--child", choices=["levels", "profile"])
     ap.add_argument("--level", default="D0")
@@ -345,7 +366,7 @@ def main():
     result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "cudnn": torch.backends.cudnn.version()}
     parts = args.parts.split(",")
-    known = ("hashes", "ddp", "amp", "profile", "levels", "unfilled", "host")
+    known = ("hashes", "ddp", "amp", "profile", "levels", "unfilled", "cudnn", "host")
     unknown = set(parts) - set(known)
     if unknown:
         sys.exit(f"unknown --parts {sorted(unknown)}: choose from {', '.join(known)}")
@@ -363,17 +384,6 @@ def main():
         result["tensors"] = tensors
         took = done("hashes", found, started)
         print_hashes(f"D2 hashes on {name} {took}:", result["hashes"])
-    if args.compare and "hashes" in result:
-        with open(args.compare) as f:
-            other = json.load(f)
-        print(f"hashes, {name} against {other['device']}:")
-        for model, found in result["hashes"].items():
-            theirs = other.get("hashes", {}).get(model, {})
-            same = [p for p in found if theirs.get(p) == found[p]]
-            print(f"  {model:12s} equal in {len(same)} of {len(found)} placements ({', '.join(same) or 'none'})")
-            if len(same) < len(found) and model in other.get("tensors", {}) and model in result["tensors"]:
-                first = first_difference(result["tensors"][model], other["tensors"][model])
-                print(f"  {'':12s} the first tensor that differs: {first}")
     if "ddp" in parts:
         started = time.time()
         took = done("ddp", against_torch(only(TORCH_MODELS), args.rounds, args.steps, args.device, args.batch), started)
@@ -416,6 +426,25 @@ def main():
         took = done("hashes unfilled", both, started)
         for label, found in both.items():
             print_hashes(f"D2 hashes, {label} {took}:", found)
+    if "cudnn" in parts:
+        from easyscale_ext.determinism import CUDNN_ENV
+
+        off = {CUDNN_ENV: "0"}
+        started = time.time()
+        found, tensors = hashes(only(CONV_MODELS), args.device, off)
+        result["tensors cudnn off"] = tensors
+        took = done("hashes cudnn off", found, started)
+        print_hashes(f"D2 hashes without cuDNN on {name} {took}:", found)
+        started = time.time()
+        runs = {"D2": "D2", "D2 cudnn off": ("D2", off, [])}
+        steps = levels(only(LEVEL_MODELS[:2]), args.rounds, args.steps, args.device, args.batch, runs)
+        took = done("levels cudnn off", steps, started)
+        print(f"D2 with and without cuDNN, median of {args.rounds} rounds {took}:")
+        for model, found in steps.items():
+            ratio = found["D2 cudnn off"] / found["D2"]
+            print(f"  {model:12s} D2 {found['D2'] * 1e3:7.1f} ms   without cuDNN {ratio:.3f}x")
+    if args.compare:
+        compare(result, args.compare)
     if "host" in parts:
         started = time.time()
         runs = {f"{name} {variant}": ("D0", {}, ["--model", name, "--variant", variant, "--precision", "bfloat16"])

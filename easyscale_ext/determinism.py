@@ -18,6 +18,10 @@ D2  D1 + one instruction set on every process: oneDNN, MKL and ATen's vector
     their reduction orders are chosen per device). Measured: an H100 and an
     H200 (one architecture, the same versions) agree for three models of four;
     ResNet-18 does not, its convolutions' algorithms being cuDNN's choice.
+    EASYSCALE_CUDNN=0 in the environment turns cuDNN off at D1 and D2:
+    convolutions and batch norm then run ATen's own CUDA kernels (im2col and
+    cuBLAS matrix products), the candidate for one hash across GPU models
+    (not yet checked on two; it costs 13-14x the step of a conv net on an H200).
 D1 and D2 keep torch's fill of uninitialized memory (every new tensor's memory
 set to NaN before first use, so a kernel that reads memory it never wrote reads
 the same on every run). It costs a kernel launch per allocation; where a job's
@@ -34,6 +38,7 @@ DEFAULT_ISA = "AVX2"
 FLOORS = ISAS[:3]  # D2 can hold a job to these (AVX-512 CPUs are too rare in mixed fleets to be a floor)
 ISA_ENV = "EASYSCALE_ISA"  # the job's floor, for EasyScaleDDP built without isa=
 FILL_ENV = "EASYSCALE_FILL_UNINITIALIZED"  # "0": D1 and D2 leave new tensors' memory unfilled
+CUDNN_ENV = "EASYSCALE_CUDNN"  # "0": D1 and D2 run convolutions and batch norm without cuDNN
 
 # What each floor caps. ATen has no AVX kernels, so below AVX2 it runs its plain ones;
 # MKL's lowest x86-64 code path is SSE4.2.
@@ -170,12 +175,20 @@ def apply(level, num_threads: int, cuda: bool, isa: Optional[str] = None) -> Non
                            f"export determinism.environment({level!r}{', isa=' + repr(isa) if isa else ''})")
     import torch  # here: launchers and the cluster's scheduler read this module without torch
 
-    fill = os.environ.get(FILL_ENV, "1")
-    if fill not in ("0", "1"):
-        raise RuntimeError(f"{FILL_ENV}={fill!r}: set it to 1 (the default: D1 and D2 fill new tensors' memory) "
-                           f"or 0 (leave it unfilled)")
+    fill = _switch(FILL_ENV, "D1 and D2 fill new tensors' memory", "leave it unfilled")
+    cudnn = _switch(CUDNN_ENV, "D1 and D2 use cuDNN", "ATen's own CUDA kernels instead")
     torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = fill == "1"
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+    if not cudnn:  # never turned on here: a user may have turned it off
+        torch.backends.cudnn.enabled = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.set_num_threads(num_threads)
+
+
+def _switch(name: str, on: str, off: str) -> bool:
+    """An on/off setting from the environment: unset or "1" is on."""
+    value = os.environ.get(name, "1")
+    if value not in ("0", "1"):
+        raise RuntimeError(f"{name}={value!r}: set it to 1 (the default: {on}) or 0 ({off})")
+    return value == "1"

@@ -34,8 +34,8 @@ def test_unknown_parts_are_named():
 @pytest.mark.multiprocess
 def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     result = tmp_path / "out.json"
-    out = bench_gpu("--device", "cpu", "--parts", "ddp,profile,host", "--models", "transformer", "--rounds", "1",
-                    "--steps", "1", "--batch", "1", "--warmup", "0", "--json", str(result))
+    out = bench_gpu("--device", "cpu", "--parts", "ddp,profile,host,cudnn", "--models", "transformer,cnn",
+                    "--rounds", "1", "--steps", "1", "--batch", "1", "--warmup", "0", "--json", str(result))
     assert out.returncode == 0, out.stderr
     found = json.loads(result.read_text())
     timed = found["ddp"]["transformer"]
@@ -44,3 +44,5 @@ def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     assert set(found["profile"]) == {"D0", "D1"} and all(p["top"] for p in found["profile"].values())
     assert set(found["host"]) == {"transformer EasyScaleDDP N=4", "transformer accumulation x4"}
     assert all(p["host_top"] for p in found["host"].values())
+    assert len(set(found["hashes cudnn off"]["cnn"].values())) == 1 and found["tensors cudnn off"]["cnn"]
+    assert found["cudnn"] == torch.backends.cudnn.version()  # a part's result beside, not over, the versions

@@ -182,20 +182,25 @@ def test_native_isa_counts_environment_caps():
         assert determinism.native_isa(determinism.isa_caps(below)) == below
 
 
-@pytest.mark.parametrize("setting,filled", [(None, "True"), ("1", "True"), ("0", "False"), ("no", None)])
-def test_d1_fills_uninitialized_memory_unless_the_environment_says_0(setting, filled):
+@pytest.mark.parametrize("name,setting,expected", [
+    ("FILL_ENV", None, "True True"), ("FILL_ENV", "1", "True True"), ("FILL_ENV", "0", "False True"),
+    ("FILL_ENV", "no", None), ("CUDNN_ENV", "0", "True False"), ("CUDNN_ENV", "off", None)])
+def test_d1_switches_from_the_environment(name, setting, expected):
+    """The fill of uninitialized memory and cuDNN stay on unless the environment says 0; other values fail."""
+    variable = getattr(determinism, name)
     env = dict(os.environ, **D1)
     env.pop(determinism.FILL_ENV, None)
+    env.pop(determinism.CUDNN_ENV, None)
     if setting is not None:
-        env[determinism.FILL_ENV] = setting
+        env[variable] = setting
     script = ("import torch; from easyscale_ext import determinism; determinism.apply('D1', 1, cuda=False); "
-              "print(torch.utils.deterministic.fill_uninitialized_memory)")
+              "print(torch.utils.deterministic.fill_uninitialized_memory, torch.backends.cudnn.enabled)")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    if filled is None:
-        assert out.returncode != 0 and "EASYSCALE_FILL_UNINITIALIZED='no': set it to 1" in out.stderr, out.stderr
+    if expected is None:
+        assert out.returncode != 0 and f"{variable}={setting!r}: set it to 1" in out.stderr, out.stderr
         return
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [filled]
+    assert out.stdout.strip() == expected
 
 
 def test_d1_without_the_fill_trains_to_the_filled_references_bits():

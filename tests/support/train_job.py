@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from easyscale_ext import determinism  # noqa: E402
 from easyscale_ext.runtime.loader import SeededSamples  # noqa: E402  (defines the per-sample seeds)
 
 
@@ -602,8 +603,10 @@ def fork_ranks(args) -> list:
 
 def train(args):
     torch.set_num_threads(args.threads)  # conv weight gradients change bits with the thread count
-    if args.level != "D0" and args.mode != "easyscale":
-        torch.use_deterministic_algorithms(True)
+    if args.level != "D0" and args.mode != "easyscale":  # EasyScaleDDP applies its level itself
+        # D2's floor: the level the environment caps kernels at (an emulated older machine's, where it is one).
+        isa = determinism.native_isa() if args.level == "D2" else None
+        determinism.apply(args.level, args.threads, args.device.startswith("cuda"), isa)
     if args.torchrun:
         args.rank, args.procs = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         args.init = "env://"
