@@ -61,12 +61,12 @@ def test_the_readme_commands_run_their_job_and_jobs_keep_their_fixed_bits(easysc
     assert stranger.returncode != 0 and "InvalidAuthToken" in stranger.stderr, stranger.stderr[-2000:]  # no token
     token = tmp_path / "home" / "ray_auth_token"
     kept = token.read_text()
-    token.write_text("0" * 64)  # a command with a token the cluster does not hold is refused as fast as it connects
-    start = time.monotonic()
+    # A command with a token the cluster does not hold is refused when it connects: that message comes only from a
+    # refusal, never from init_ray's timeout (whose message says the cluster does not answer).
+    token.write_text("0" * 64)
     out = easyscale("cancel", "x")
-    seconds = time.monotonic() - start
     token.write_text(kept)
-    assert out.returncode == 2 and "refuses this process's token" in out.stderr and seconds < 5, (seconds, out.stderr)
+    assert out.returncode == 2 and "refuses this process's token" in out.stderr, out.stderr
     out = easyscale("submit", "--virtual-workers", "4", "examples/train_elastic.py")
     assert out.returncode == 0 and "the cluster has 2 slots" in out.stderr and "at most 2 processes" in out.stderr
     jobs = [out.stdout.strip()]
