@@ -270,6 +270,17 @@ def test_cuda_mixed_precision_on_two_processes_sharing_the_gpu(amp):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_without_cudnn_two_processes_match_the_reference_without_it():
+    d2 = determinism.environment("D2")
+    off = dict(d2, **{determinism.CUDNN_ENV: "0"})
+    options = dict(n=4, model="cnn", device="cuda", level="D2")
+    ref = run_job("reference", env_per_rank=[off], **options)
+    assert ref != run_job("reference", env_per_rank=[d2], **options)  # the switch reached the kernels
+    assert run_job("easyscale", procs=2, backend="gloo", env_per_rank=[off, off], **options) == ref
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL, one process per GPU)")
 def test_cuda_nccl_two_processes_match_reference():
     ref = run_job("reference", n=4, device="cuda", level="D1", env_per_rank=[D1])
