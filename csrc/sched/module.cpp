@@ -1,5 +1,6 @@
-// easyscale_ext._search: Pollux's compiled search on numpy arrays. States are (count, jobs, nodes) int64 arrays;
-// every random operation takes a seed (the policy draws it from its numpy generator).
+// easyscale_ext._search: the scheduler's compiled searches on numpy arrays. Pollux's: states are (count, jobs,
+// nodes) int64 arrays; every random operation takes a seed (the policy draws it from its numpy generator). Saxena
+// et al.'s knapsack.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "knapsack.h"
 #include "pollux_search.h"
 
 namespace py = pybind11;
@@ -77,7 +79,23 @@ Doubles scores(const Problem& p, const Ints& states, Score score) {
 }  // namespace
 
 PYBIND11_MODULE(_search, m) {
-  m.doc() = "Pollux's allocation search (the artifact's problem, pymoo's NSGA-II, an elitist search), compiled";
+  m.doc() =
+      "The scheduler's searches, compiled: Pollux's allocation search (the artifact's problem, pymoo's NSGA-II, an "
+      "elitist search) and Saxena et al.'s knapsack";
+  m.def(
+      "knapsack",
+      [](const std::vector<Doubles>& values, int64_t gpus) {
+        std::vector<std::vector<double>> rows;
+        rows.reserve(values.size());
+        for (const auto& v : values) {
+          if (v.ndim() != 1) throw std::invalid_argument("expected each job's values as a 1-D array");
+          rows.push_back(flat(v));
+        }
+        py::gil_scoped_release release;
+        return easyscale::sched::knapsack(rows, gpus);
+      },
+      py::arg("values"), py::arg("gpus"),
+      "GPU counts maximising the sum of each job's value at its count, at most `gpus` in all (values[j][0]: on none)");
   m.attr("CROSSOVER_SHARE") = easyscale::sched::kCrossoverShare;
   py::class_<Problem>(m, "Problem")
       .def(py::init([](const Ints& base, const Ints& capacity, const Ints& max_gpus, const Doubles& speedup,

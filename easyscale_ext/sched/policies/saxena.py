@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ... import _search
 from ..models import goodput
 from ..models.efficiency import efficiency, gain
 from .base import Policy, place_counts
@@ -59,29 +60,13 @@ def useful_throughputs(app, epoch, batches, per_node, gpu_type, total_gpus) -> n
 
 def allocate(values, gpus) -> list:
     """GPU counts c_j maximising sum_j values[j][c_j] subject to sum_j c_j <= gpus (values[j][0] = 0): a
-    knapsack over jobs x GPUs, best[c] being the best total of the jobs so far on at most c GPUs.
+    knapsack over jobs x GPUs, best[c] being the best total of the jobs so far on at most c GPUs, compiled
+    (csrc/sched/knapsack.cpp; of equal totals, the smallest count).
 
-    Two shortcuts that change no pick. best is non-decreasing in c and argmax takes the smallest of equal counts, so a
-    count worth no more than a smaller one is never picked: each job's values end at their last record. And the jobs
-    so far can use at most `reach` GPUs, so best[c] is best[reach] for every c past it: a job's rows past reach plus
-    its largest count all equal that row, and are not computed."""
-    best, picks, reach = np.zeros(gpus + 1), [], 0
-    for v in values:
-        v = np.asarray(v, dtype=float)[:gpus + 1]
-        records = np.flatnonzero(v[1:] > np.maximum.accumulate(v)[:-1])
-        v = v[:records[-1] + 2] if len(records) else v[:1]
-        rows = min(gpus, reach + len(v) - 1) + 1
-        c, k = np.arange(rows)[:, None], np.arange(len(v))
-        total = np.where(c >= k, best[np.maximum(c - k, 0)] + v, -np.inf)
-        picks.append(np.argmax(total, axis=1))
-        best[:rows] = total[c[:, 0], picks[-1]]
-        best[rows:] = best[rows - 1]
-        reach = rows - 1
-    counts, left = [], gpus
-    for pick in reversed(picks):
-        counts.append(int(pick[min(left, len(pick) - 1)]))
-        left -= counts[-1]
-    return counts[::-1]
+    Two shortcuts that change no pick. best is non-decreasing in c, so a count worth no more than a smaller one is
+    never picked: each job's values end at their last record. And the jobs so far can use at most `reach` GPUs, so
+    best[c] is best[reach] for every c past it: those rows are not computed."""
+    return _search.knapsack([np.asarray(v, dtype=float) for v in values], gpus)
 
 
 class SaxenaPolicy(Policy):
