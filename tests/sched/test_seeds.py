@@ -60,6 +60,15 @@ def test_dp_by_hand():
     assert allocate([[0, 1, 1, 3], [0, 1.5, 1.6, 1.7]], 3) == [3, 0]
 
 
+def test_dp_refuses_what_it_cannot_rank():
+    with pytest.raises(ValueError, match="finite"):
+        allocate([[0.0, float("nan")]], 1)
+    with pytest.raises(ValueError, match="worth on 0 GPUs"):
+        allocate([[]], 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        allocate([[0.0, 1.0]], -1)
+
+
 def test_neutral_range_excludes_inefficient_batches(apps):
     # cifar10's progress-weighted mean efficiency: 0.93 at 512, 0.89 at 1024 (validation profiles).
     assert neutral_batches(apps["cifar10"]) == (128, 256, 512)
