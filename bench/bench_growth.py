@@ -11,13 +11,14 @@ jobs, one line per GPU count).
 
     python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
-    python bench/bench_growth.py --philly fifo,sia,...   # the whole Philly trace on 300 x 8 GPUs, CPU seconds
+    python bench/bench_growth.py --philly fifo,sia,... [--plot philly.png] [--json philly.json]
+                                 # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
 
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
 application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
 (T4s only, for a policy of one type). A run stops at `--budget` CPU seconds; it then says how far it got and what
-the whole trace would take at its rate so far.
+the whole trace would take at its rate so far. Its plot: each policy's CPU seconds against the simulated days.
 """
 import argparse
 import itertools
@@ -90,14 +91,16 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
         return cluster, True
 
 
-def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None:
-    """Each policy on Philly's whole trace, 300 x 8 GPUs, stopped at `budget` CPU seconds (SIGPROF)."""
-    trace = load_workload(data / "pollux" / "traces" / "philly.csv")
+def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None) -> list:
+    """Each policy on Philly's whole trace (or `trace`), 300 x 8 GPUs, stopped at `budget` CPU seconds (SIGPROF):
+    a markdown row each, printed, and per policy its figures and its CPU seconds at each simulated day."""
+    trace = trace or load_workload(data / "pollux" / "traces" / "philly.csv")
     drawn = with_applications(trace, apps)
     span = trace[-1].arrival
     print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | "
           "CPU s a round, last 1,000 | whole trace, CPU s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    results = []
     for name in names:
         specs = drawn if MADE[name](0).profiled else trace
         cluster, t4_only = cluster_for(name, specs, 2400)
@@ -121,6 +124,31 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0) -> None
         print(f"| {label} | {len(timed.seconds)} | {reached / 86400:.1f} d{'' if finished else ' (stopped)'} | "
               f"{cpu:.0f} | {sum(timed.seconds):.0f} | {statistics.mean(timed.active or [0]):.0f} / {max(timed.active or [0])} | "
               f"{rate:.3g} | {whole} |", flush=True)
+        # the CPU seconds at the first round of each simulated day, and at the end
+        days = {int(t // 86400): round(c - begin, 3) for t, c in zip(reversed(timed.times), reversed(timed.clock))}
+        results.append(dict(policy=label, finished=finished, rounds=len(timed.seconds), days=reached / 86400,
+                            cpu=cpu, deciding=sum(timed.seconds), whole=whole,
+                            curve=sorted(days.items()) + [(round(reached / 86400, 3), round(cpu, 3))]))
+    return results
+
+
+def plot_whole_trace(results, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        days, cpu = zip(*r["curve"]) if r["curve"] else ((), ())
+        line, = ax.plot(days, cpu, label=r["policy"] + ("" if r["finished"] else " (stopped)"))
+        if not r["finished"] and days:
+            ax.plot(days[-1], cpu[-1], marker="x", color=line.get_color())
+    ax.axhline(600, color="grey", linestyle=":", label="10 min of CPU")
+    ax.set(xlabel="simulated day of the trace", ylabel="CPU seconds", yscale="log",
+           title="Philly's whole trace on 300 x 8 GPUs")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def jobs_of(count: int, pool) -> list:
@@ -148,7 +176,12 @@ def main():
     data = data_dir()
     apps = Applications(data)
     if args.philly:
-        whole_trace(args.philly.split(","), data, apps, args.budget)
+        results = whole_trace(args.philly.split(","), data, apps, args.budget)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        if args.plot:
+            plot_whole_trace(results, args.plot)
         return
     pool = [s for w in range(1, 9)
             for s in with_stand_ins(load_workload(data / "sia" / "workloads" / "philly" / f"workload-{w}.csv"),

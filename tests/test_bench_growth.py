@@ -1,0 +1,41 @@
+"""bench/bench_growth.py end to end, small: the grid of rounds against jobs and GPUs, and the whole Philly trace
+stopped at a CPU budget, each with its table, JSON and plot."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow
+
+
+def bench_growth(*args):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_growth.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_grid_times_each_policys_rounds(tmp_path):
+    out = bench_growth("--jobs", 10, 100, "--gpus", 64, "--rounds", 2, "--policies", "fifo,saxena",
+                       "--json", tmp_path / "grid.json", "--plot", tmp_path / "grid.png")
+    points = json.loads((tmp_path / "grid.json").read_text())
+    assert {(p["policy"], p["jobs"]) for p in points} == {(n, j) for n in ("fifo", "saxena") for j in (10, 100)}
+    assert all(p["seconds"] > 0 for p in points), points
+    assert "| saxena (T4 only) |" in out and (tmp_path / "grid.png").stat().st_size > 0
+
+
+def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_against_days(tmp_path):
+    out = bench_growth("--philly", "fifo,saxena", "--budget", 2, "--json", tmp_path / "philly.json",
+                       "--plot", tmp_path / "philly.png")
+    results = json.loads((tmp_path / "philly.json").read_text())
+    assert [r["policy"] for r in results] == ["fifo", "saxena (T4 only)"]
+    for r in results:
+        assert not r["finished"] and r["whole"].startswith(">= ") and 2 <= r["cpu"] < 4, r
+        days, cpu = zip(*r["curve"])
+        assert list(days) == sorted(days) and list(cpu) == sorted(cpu) and days[-1] == round(r["days"], 3)
+        assert f"| {r['policy']} | {r['rounds']} |" in out
+    assert (tmp_path / "philly.png").stat().st_size > 0
