@@ -47,28 +47,51 @@ def iteration_time(p: PerfParams, num_nodes, num_replicas, local_bsz, accum_step
 def _loss(theta, nodes, reps, bsz, log_grad, log_step):
     """RMS log error of the compute and step times plus Pollux's two priors (a small gamma; small retrogression
     terms, i.e. an optimistic model), and the gradient of all that, for L-BFGS-B."""
-    ac, bc, an, bn, ar, br, gamma = theta
-    inter, intra = nodes > 1, (nodes <= 1) & (reps > 1)
-    extra = np.maximum(reps - 2, TINY)
-    g = ac + bc * bsz
-    s = np.where(inter, an + bn * extra, np.where(intra, ar + br * extra, TINY))
-    lg, ls = np.log(g), np.log(s)
-    lstep = np.logaddexp(gamma * lg, gamma * ls) / gamma
-    wg, ws = np.exp(gamma * (lg - lstep)), np.exp(gamma * (ls - lstep))  # shares of g^gamma and s^gamma
-    e1, e2 = lg - log_grad, lstep - log_step
-    # RMS errors smoothed at 0 by 1e-3 (0.1 %), so that L-BFGS-B also converges when the data fit exactly.
-    r1, r2 = np.sqrt(np.mean(e1 ** 2) + 1e-6), np.sqrt(np.mean(e2 ** 2) + 1e-6)
-    # d(lstep)/d(theta), one row per parameter
-    dstep = np.stack([wg / g, wg * bsz / g, ws / s * inter, ws / s * inter * extra,
-                      ws / s * intra, ws / s * intra * extra, (wg * lg + ws * ls - lstep) / gamma])
-    dgrad = np.zeros_like(dstep)
-    dgrad[0], dgrad[1] = 1 / g, bsz / g
-    grad = dgrad @ e1 / len(e1) / r1 + dstep @ e2 / len(e2) / r2
-    rn, rr = bn / an, br / ar
-    loss = r1 + r2 + 1e-3 * (gamma - 1) ** 2 + 1e-2 * (rn ** 2 + rr ** 2)
-    grad[6] += 2e-3 * (gamma - 1)
-    grad[2:6] += 2e-2 * np.array([-rn ** 2 / an, rn / an, -rr ** 2 / ar, rr / ar])
-    return loss, grad
+    return _Loss(nodes, reps, bsz, log_grad, log_step)(theta)
+
+
+class _Loss:
+    """_loss on fixed measurements: what depends on them only is computed once per fit, and each evaluation makes
+    the same floating-point operations in the same order (a fit's bits are what the simulations are pinned to),
+    each once, into arrays made once."""
+
+    def __init__(self, nodes, reps, bsz, log_grad, log_step):
+        self.inter, self.intra = nodes > 1, (nodes <= 1) & (reps > 1)
+        self.extra = np.maximum(reps - 2, TINY)
+        self.bsz, self.log_grad, self.log_step, self.n = bsz, log_grad, log_step, len(bsz)
+        self.dgrad = np.zeros((7, len(bsz)))  # rows 2-6 stay 0: compute time depends on alpha_c, beta_c only
+
+    def __call__(self, theta):
+        ac, bc, an, bn, ar, br, gamma = theta
+        inter, intra, extra, bsz = self.inter, self.intra, self.extra, self.bsz
+        g = ac + bc * bsz
+        s = np.where(inter, an + bn * extra, np.where(intra, ar + br * extra, TINY))
+        lg, ls = np.log(g), np.log(s)
+        lstep = np.logaddexp(gamma * lg, gamma * ls) / gamma
+        wg, ws = np.exp(gamma * (lg - lstep)), np.exp(gamma * (ls - lstep))  # shares of g^gamma and s^gamma
+        e1, e2 = lg - self.log_grad, lstep - self.log_step
+        # RMS errors smoothed at 0 by 1e-3 (0.1 %), so that L-BFGS-B also converges when the data fit exactly.
+        r1 = np.sqrt(np.add.reduce(e1 ** 2) / self.n + 1e-6)
+        r2 = np.sqrt(np.add.reduce(e2 ** 2) / self.n + 1e-6)
+        # d(lstep)/d(theta), one row per parameter
+        dstep = np.empty((7, self.n))
+        np.divide(wg, g, out=dstep[0])
+        np.divide(wg * bsz, g, out=dstep[1])
+        share = ws / s
+        np.multiply(share, inter, out=dstep[2])
+        np.multiply(dstep[2], extra, out=dstep[3])
+        np.multiply(share, intra, out=dstep[4])
+        np.multiply(dstep[4], extra, out=dstep[5])
+        np.divide(wg * lg + ws * ls - lstep, gamma, out=dstep[6])
+        dgrad = self.dgrad
+        np.divide(1, g, out=dgrad[0])
+        np.divide(bsz, g, out=dgrad[1])
+        grad = dgrad @ e1 / self.n / r1 + dstep @ e2 / self.n / r2
+        rn, rr = bn / an, br / ar
+        loss = r1 + r2 + 1e-3 * (gamma - 1) ** 2 + 1e-2 * (rn ** 2 + rr ** 2)
+        grad[6] += 2e-3 * (gamma - 1)
+        grad[2:6] += 2e-2 * np.array([-rn ** 2 / an, rn / an, -rr ** 2 / ar, rr / ar])
+        return loss, grad
 
 
 def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParams:
@@ -97,16 +120,18 @@ def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParam
     to_x = lambda q: np.concatenate([np.log(q[:6]), q[6:]])  # noqa: E731
     to_p = lambda x: np.concatenate([np.exp(x[:6]), x[6:]])  # noqa: E731
 
-    def loss(x, *args):
+    measured = _Loss(nodes, reps, bsz, np.log(compute), np.log(step))
+
+    def loss(x):
         q = to_p(x)
-        value, grad = _loss(q, *args)
+        value, grad = measured(q)
         return value, grad * np.concatenate([q[:6], [1.0]])
 
     # here, not at the top: the CLI's parsers import this module (`status` stays quick)
 
     from scipy.optimize import Bounds, minimize
 
-    result = minimize(loss, to_x(x0), args=(nodes, reps, bsz, np.log(compute), np.log(step)), jac=True,
+    result = minimize(loss, to_x(x0), jac=True,
                       method="L-BFGS-B", bounds=Bounds(to_x(lo), to_x(hi), keep_feasible=True),
                       options={"ftol": 1e-6, "maxiter": 100})  # a scheduler needs 3 digits, not 9
     p = to_p(result.x)
