@@ -74,6 +74,23 @@ def test_a_round_whose_jobs_each_have_a_clear_best_that_fits_is_the_solvers_answ
     assert each_alone(options, tied, np.zeros(len(options), bool), {"t4": 64, "a100": 64}, offset) is None
 
 
+def test_a_program_equal_to_the_last_one_is_not_solved_again(monkeypatch):
+    rng = np.random.default_rng(0)
+    options = [(j, ((t, g),)) for j in range(3) for t in ("t4", "a100") for g in (1, 2, 4)]
+    costs, forced, capacity = rng.uniform(-1.1, 0.5, len(options)), np.zeros(len(options), bool), {"t4": 4, "a100": 4}
+    policy, solves = SiaPolicy(), []
+    solve = policy._solve_program
+    monkeypatch.setattr(policy, "_solve_program", lambda *a: solves.append(1) or solve(*a))
+    first = policy._program(3, list(options), costs.copy(), forced.copy(), dict(capacity))
+    assert policy._program(3, list(options), costs.copy(), forced.copy(), dict(capacity)) is first
+    assert len(solves) == 1
+    moved = costs.copy()
+    moved[0] += 1e-12  # any change is another program
+    policy._program(3, list(options), moved, forced.copy(), dict(capacity))
+    policy._program(3, list(options), moved, forced.copy(), dict(capacity), integral=False)
+    assert len(solves) == 3
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_constant_in_every_cost_does_not_loosen_the_program(seed):
     # Elastic-goodput's costs hold -1,000 each (every job runs first). HiGHS's 0.01 % gap, taken relative to that, let seeds

@@ -75,6 +75,7 @@ class SiaPolicy(Policy):
         self._measured = {}  # job -> GPU type -> {(nodes, replicas, micro-batch): (step time, sync time)}
         self._seen = {}  # job -> its measurements already attributed to a type
         self._fits = {}  # (application, GPU type, frozenset of configurations) -> PerfParams
+        self._solved = None  # the last program (_program's arguments and the offset) and its solution
 
     def batch_size(self, spec, app):
         return app.max_batch_size if app is not None and app.single_gpu else None
@@ -207,12 +208,22 @@ class SiaPolicy(Policy):
         return taken + [options[i] for i in rest[x > 0.5]]
 
     def _program(self, num_jobs, options, costs, forced, capacity, integral=True) -> np.ndarray:
-        """Each configuration's value in the program's solution (or its LP relaxation's)."""
+        """Each configuration's value in the program's solution (or its LP relaxation's). A program equal to the
+        last one solved (one round in ten or so: nothing arrived, ended or aged in a way that moves a cost) has the
+        last one's solution, which HiGHS, deterministic, would find again."""
+        program = (num_jobs, integral, self.offset, capacity, costs, forced, options)
+        if self._solved is not None and _same(self._solved[0], program):
+            return self._solved[1]
+        x = self._solve_program(*program)
+        self._solved = program, x
+        return x
+
+    def _solve_program(self, num_jobs, integral, offset, capacity, costs, forced, options) -> np.ndarray:
         # here, not at the top: the CLI's parsers import this module (`status` stays quick)
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
 
-        idle = num_jobs if self.offset else 0  # the "no GPUs" variables, after the configurations
+        idle = num_jobs if offset else 0  # the "no GPUs" variables, after the configurations
         size = len(options) + idle
         owner = np.concatenate([[j for j, _ in options], np.arange(idle)]).astype(int)
         types = list(capacity)
@@ -226,7 +237,7 @@ class SiaPolicy(Policy):
                                         1 if idle else 0, 1),
                        LinearConstraint(csr_array((gpus, (rows, cols)), shape=(len(types), size)),
                                         0, [capacity[t] for t in types])]
-        result = milp(np.concatenate([costs - self.offset, np.full(idle, -self.offset)]),
+        result = milp(np.concatenate([costs - offset, np.full(idle, -offset)]),
                       integrality=np.full(size, int(integral)),
                       bounds=Bounds(np.concatenate([forced, np.zeros(idle)]).astype(float), 1.0),
                       constraints=constraints)
@@ -245,6 +256,11 @@ class SiaPolicy(Policy):
             result[name] = sum((place(free, gpus, cluster.nodes_of(gpu_type), best_fit=True)
                                 for gpu_type, gpus in chosen[name]), ())
         return result
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two programs (_program's tuples) are equal, their cheapest differences compared first."""
+    return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b))
 
 
 def each_alone(options, costs, forced, capacity, offset=0.0) -> Optional[list]:
