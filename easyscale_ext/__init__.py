@@ -10,7 +10,7 @@ Layers, each importing only those below it (docs/ARCHITECTURE.md):
     runtime   EasyScaleDDP, the reducer, data loading, RNG contexts, freezing
     ops, _C   the C++/CUDA kernels and the context store
     sched     the cluster-scheduling models, policies and simulator: no torch, no runtime
-    _search   Pollux's compiled allocation search, which sched uses: no torch
+    _search   the policies' compiled searches (Pollux's, Saxena's knapsack), which sched uses: no torch
     placement which virtual ranks each process owns: no torch
     spawn     a job's process starts, forked from a server that has torch loaded: no torch itself
     determinism  D0/D1/D2 and the environment each needs: torch only where a process applies one

@@ -12,7 +12,7 @@ What it owns:
     data/        the measured traces and workloads it ships (data/README.md: what, from where, licenses)
 
 What it may import: numpy, SciPy, tqdm, the standard library, matplotlib (plots only, loaded when plotting),
-easyscale_ext.placement and easyscale_ext._search (Pollux's compiled search; both torch-free). Never torch, never
+easyscale_ext.placement and easyscale_ext._search (the policies' compiled searches; both torch-free). Never torch, never
 easyscale_ext.runtime, .elastic or .cli: the simulator runs where torch is not installed and loads none of it
 (tests/sched/test_no_torch.py checks). Policies depend on models only; the command line (`easyscale simulate`)
 lives in easyscale_ext/cli/simulate.py.
