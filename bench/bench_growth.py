@@ -138,9 +138,11 @@ def plot_whole_trace(results, path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
+    colors = plt.get_cmap("tab20").colors  # eleven policies: more than the default cycle's ten colours
+    for k, r in enumerate(results):
         days, cpu = zip(*r["curve"]) if r["curve"] else ((), ())
-        line, = ax.plot(days, cpu, label=r["policy"] + ("" if r["finished"] else " (stopped)"))
+        line, = ax.plot(days, cpu, color=colors[2 * k % 20 + 2 * k // 20], linestyle=("-", "--")[k % 2],
+                        label=r["policy"] + ("" if r["finished"] else " (stopped)"))
         if not r["finished"] and days:
             ax.plot(days[-1], cpu[-1], marker="x", color=line.get_color())
     ax.axhline(600, color="grey", linestyle=":", label="10 min of CPU")
