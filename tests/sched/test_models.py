@@ -58,9 +58,9 @@ def test_fit_recovers_a_known_model():
 
 def test_loss_gradient_is_exact(apps):
     nodes, reps, bsz, step, sync = apps["imagenet"].profile("t4").samples()
-    args = (nodes, reps, bsz, np.log(step - sync), np.log(step))
+    loss = throughput._Loss(nodes, reps, bsz, np.log(step - sync), np.log(step))
     theta = np.array([0.1, 0.01, 0.2, 0.01, 0.05, 0.005, 2.0])
-    err = check_grad(lambda x: throughput._loss(x, *args)[0], lambda x: throughput._loss(x, *args)[1], theta)
+    err = check_grad(lambda x: loss(x)[0], lambda x: loss(x)[1], theta)
     assert err < 1e-3
 
 

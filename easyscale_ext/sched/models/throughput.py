@@ -44,16 +44,12 @@ def iteration_time(p: PerfParams, num_nodes, num_replicas, local_bsz, accum_step
     return np.asarray(accum_steps) * grad_time(p, local_bsz) + step_time(p, num_nodes, num_replicas, local_bsz)
 
 
-def _loss(theta, nodes, reps, bsz, log_grad, log_step):
-    """RMS log error of the compute and step times plus Pollux's two priors (a small gamma; small retrogression
-    terms, i.e. an optimistic model), and the gradient of all that, for L-BFGS-B."""
-    return _Loss(nodes, reps, bsz, log_grad, log_step)(theta)
-
-
 class _Loss:
-    """_loss on fixed measurements: what depends on them only is computed once per fit, and each evaluation makes
-    the same floating-point operations in the same order (a fit's bits are what the simulations are pinned to),
-    each once, into arrays made once."""
+    """The fit's objective on fixed measurements, called with the parameters: the RMS log error of the compute and
+    step times plus Pollux's two priors (a small gamma; small retrogression terms, i.e. an optimistic model), and
+    its gradient, for L-BFGS-B. What depends on the measurements only is computed once per fit; an evaluation makes
+    its floating-point operations in one fixed order (a fit's bits are what the simulations are pinned to), each
+    once, into arrays made once."""
 
     def __init__(self, nodes, reps, bsz, log_grad, log_step):
         self.inter, self.intra = nodes > 1, (nodes <= 1) & (reps > 1)
