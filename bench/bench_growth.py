@@ -14,6 +14,7 @@ jobs, one line per GPU count).
     python bench/bench_growth.py --philly fifo,sia,... [--plot philly.png] [--json philly.json]
                                  # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
+    python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 2000   # larger programs on LP terms
 
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
 application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
@@ -32,11 +33,13 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
-from easyscale_ext.sched.policies import RUNNABLE, PolluxPolicy
+from easyscale_ext.sched.policies import RUNNABLE, ElasticGoodputPolicy, PolluxPolicy, SiaPolicy
 from easyscale_ext.sched.policies.pollux import NODES
+from easyscale_ext.sched.policies.sia import EXACT_OPTIONS
 from easyscale_ext.sched.simulator import simulate, validate
 
-MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy (--pollux-nodes changes pollux's)
+MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy (changed by --pollux-nodes and
+# --exact-options)
 
 TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
 
@@ -170,8 +173,13 @@ def main():
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
     ap.add_argument("--pollux-nodes", default="all", choices=NODES,
                     help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
+    ap.add_argument("--exact-options", type=int, default=EXACT_OPTIONS,
+                    help="Sia's and elastic-goodput's: the most configurations a round's integer program is solved "
+                         "as it is; above, on its LP relaxation's terms (SiaPolicy(exact_options=...))")
     args = ap.parse_args()
     MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes)
+    MADE["sia"] = lambda seed: SiaPolicy(exact_options=args.exact_options)
+    MADE["elastic-goodput"] = lambda seed: ElasticGoodputPolicy(exact_options=args.exact_options)
     signal.signal(signal.SIGALRM, _timeout)
     signal.signal(signal.SIGPROF, _timeout)
 

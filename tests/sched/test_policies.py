@@ -8,6 +8,7 @@ from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.optimus import OptimusPolicy
 from easyscale_ext.sched.policies.pollux import PolluxPolicy, _Search, needed_nodes
+from easyscale_ext.sched.policies.sia import SiaPolicy
 from easyscale_ext.sched.policies.tiresias import TiresiasPolicy
 from easyscale_ext.sched.simulator import SimConfig, simulate
 
@@ -98,6 +99,11 @@ def test_a_wrong_pollux_search_is_named():
 def test_a_wrong_pollux_node_choice_is_named():
     with pytest.raises(ValueError, match="expected one of all, needed"):
         PolluxPolicy(nodes="some")
+
+
+def test_a_negative_count_of_exactly_solved_configurations_is_named():
+    with pytest.raises(ValueError, match="exact_options -1: the most configurations solved exactly, 0 or more"):
+        SiaPolicy(exact_options=-1)
 
 
 def test_pollux_needed_nodes_are_the_held_ones_and_enough_free_ones_of_each_type():

@@ -117,9 +117,7 @@ def test_a_constant_in_every_cost_does_not_loosen_the_program(seed):
 
 @pytest.mark.parametrize("offset", [0.0, -1e3])  # Sia's costs, elastic-goodput's
 @pytest.mark.parametrize("seed", range(4))
-def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_close(seed, offset, monkeypatch):
-    from easyscale_ext.sched.policies import sia
-
+def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_close(seed, offset):
     rng = np.random.default_rng(seed)
     capacity = {"t4": 12, "a100": 8}
     options = [(j, ((t, g),)) for j in range(9) for t in capacity for g in (1, 2, 4, 8)]
@@ -130,7 +128,7 @@ def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_clos
     policy.offset = offset
     exact = policy._solve(9, options, costs, forced, capacity)
     exact = cost_of(exact, options, costs) - len(exact) * offset  # what the choice is worth, the constant out
-    monkeypatch.setattr(sia, "EXACT_OPTIONS", 0)  # every program is "large"
+    policy.exact_options = 0  # every program is "large"
     chosen = policy._solve(9, options, costs, forced, capacity)
     assert {options[5], options[40]} <= set(chosen)
     for gpu_type in capacity:

@@ -113,7 +113,7 @@ class ElasticGoodputPolicy(SiaPolicy):
         ranked = sorted(types, key=lambda t: one_gpu_throughput(app, t), reverse=True)
         out = {}
         for fast, other in itertools.combinations(ranked, 2):  # any two types, the faster for this job first
-            model, scale = estimator[fast]
+            model, scale, _ = estimator[fast]
             pairs = [(g1, g2) for g1 in counts[fast] if g1 < limit for g2 in counts[other] if g1 + g2 <= limit]
             if not pairs:
                 continue

@@ -14,8 +14,8 @@ restart factor max(age - restarts * R, 0) / (age + R) (1 while age < R). With p 
 value^p <= 1, convex in the value so that starving a job costs more than slowing one; every job left without GPUs
 costs lambda_n = 1.1 more than any allocation (so every job runs while GPUs last), and a change of allocation
 lambda_a = 0.01 more. The integer program (HiGHS, scipy.optimize.milp) picks at most one configuration per job, within
-each type's GPU count, at least cost; above 10,000 configurations (hundreds of jobs) it keeps the choices of its LP
-relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs still restarting (or whose
+each type's GPU count, at least cost; above `exact_options` configurations (10,000 by default: hundreds of jobs) it
+keeps the choices of its LP relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs still restarting (or whose
 joiners still prepare) keep their configuration. Each type's jobs are then placed on its nodes, largest
 first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node goes to the fullest node
 that holds it.
@@ -32,7 +32,7 @@ MAX_GPUS = 64  # the artifact's cap on a job's GPUs
 CLIP = 3000.0  # the artifact's cap on a configuration's cost: a restart factor of 0 then only deters a change
 TINY = 1e-12
 CLEAR = 1e-6  # relative cost margin by which each_alone's choices must win
-EXACT_OPTIONS = 10_000  # configurations up to which the integer program is solved as it is (_solve)
+EXACT_OPTIONS = 10_000  # configurations up to which the integer program is solved as it is, by default (_solve)
 # The restart seconds the artifact's simulator charges in a job's restart factor (sia.py, by job name; others 30 s):
 # its cluster's measured restarts, not those its job model pays (simulator.SIA: cifar10 50 s, yolov3 80 s).
 ARTIFACT_RESTARTS = {"deepspeech2": 25.0, "imagenet": 250.0, "cifar10": 30.0, "bert": 120.0, "yolov3": 45.0}
@@ -57,11 +57,15 @@ class SiaPolicy(Policy):
     per_type_models = True  # the artifact's jobs on a cluster of several types keep a model per type
 
     def __init__(self, p=-0.5, lambda_n=1.1, lambda_a=0.01, restart_s=30.0, restart_by_app=None, in_place=None,
-                 name=None):
+                 exact_options=EXACT_OPTIONS, name=None):
         """`restart_by_app`: application -> the seconds its restart factor charges instead of `restart_s` (the
-        artifact's simulator: ARTIFACT_RESTARTS)."""
+        artifact's simulator: ARTIFACT_RESTARTS). `exact_options`: the most configurations a round's integer
+        program is solved as it is; a larger one is decided on its LP relaxation's terms (_solve)."""
         if p >= 0:
             raise ValueError("Sia's costs value^p need p < 0 (its default is -0.5)")
+        if exact_options < 0:
+            raise ValueError(f"exact_options {exact_options}: the most configurations solved exactly, 0 or more")
+        self.exact_options = exact_options
         self.p, self.lambda_n, self.lambda_a, self.restart_s = p, lambda_n, lambda_a, restart_s
         self.restart_by_app = restart_by_app or {}
         self.growth = 2  # a job is offered at most this many times the most GPUs it has been measured on
@@ -122,14 +126,16 @@ class SiaPolicy(Policy):
         return min(max(self.growth * job.max_profiled_replicas, 1), MAX_GPUS, app.max_batch_size // app.min_local_bsz)
 
     def _estimator(self, job, types):
-        """gpu_type -> (goodput model, throughput scale): the type's own model, else the first type's with a
-        model scaled by the two types' 1-GPU throughputs (Sia's bootstrapping); {} if none is measured."""
+        """gpu_type -> (goodput model, throughput scale, the type the model was fitted on): the type's own model,
+        else the first type's with a model scaled by the two types' 1-GPU throughputs (Sia's bootstrapping); {} if
+        none is measured."""
         models = {t: m for t in types if (m := self._model(job, t)) is not None}
         if not models:
             return {}
         source = next(iter(models))  # the first type in the cluster's order with a model, as in the artifact
-        return {t: (models[t], 1.0) if t in models else (
-            models[source], one_gpu_throughput(job.app, t) / one_gpu_throughput(job.app, source)) for t in types}
+        return {t: (models[t], 1.0, t) if t in models else (
+            models[source], one_gpu_throughput(job.app, t) / one_gpu_throughput(job.app, source), source)
+            for t in types}
 
     def _goodputs(self, job, types, counts, per_node) -> dict:
         """Goodput per (GPU type, GPUs) the job may be offered, not normalised."""
@@ -140,12 +146,11 @@ class SiaPolicy(Policy):
         estimator = self._estimator(job, types)
         if not estimator:
             return {(t, 1): 1.0 for t in types}
-        source = next(t for t in types if estimator[t][1] == 1.0 and self._model(job, t) is not None)
         goodput = {}
         for t in types:
             gpus = np.array([g for g in counts[t] if g <= limit])
-            model, scale = estimator[t]
-            nodes = np.ceil(gpus / per_node[t if self._model(job, t) is not None else source])
+            model, scale, fitted = estimator[t]
+            nodes = np.ceil(gpus / per_node[fitted])
             goodput.update(zip(((t, int(g)) for g in gpus), model.best(nodes, gpus)[0] * scale))
         return goodput
 
@@ -181,7 +186,7 @@ class SiaPolicy(Policy):
         relative gap (0.01 %) is relative to what the choice is worth, not to that constant: each job then takes
         exactly one of its configurations or a "no GPUs" variable that carries the constant. Without one (Sia),
         the program keeps the form its figures against the artifact were measured with: HiGHS may break near-ties
-        differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above EXACT_OPTIONS
+        differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above `exact_options`
         configurations the integer program is solved on its LP relaxation's terms: jobs the relaxation gives a
         whole configuration (or none) keep it, and an integer program of their own decides the few it splits (at
         most a couple per GPU type), over all their options and the GPUs left. A round in which each job has a clear
@@ -192,7 +197,7 @@ class SiaPolicy(Policy):
         alone = each_alone(options, costs, forced, capacity, self.offset)
         if alone is not None:
             return alone
-        if len(options) <= EXACT_OPTIONS:
+        if len(options) <= self.exact_options:
             return [options[i] for i in np.flatnonzero(self._program(num_jobs, options, costs, forced, capacity) > 0.5)]
         x = self._program(num_jobs, options, costs, forced, capacity, integral=False)
         owner = np.array([j for j, _ in options])
