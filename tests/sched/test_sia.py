@@ -124,12 +124,14 @@ def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_clos
     costs = -np.sqrt(rng.uniform(0, 3, len(options))) - 1.0 + offset
     forced = np.zeros(len(options), bool)
     forced[[5, 40]] = True  # jobs 0 and 5 restarting on their configurations
-    policy = SiaPolicy()
-    policy.offset = offset
-    exact = policy._solve(9, options, costs, forced, capacity)
+    exact, relaxed = SiaPolicy(), SiaPolicy(exact_options=0)  # for the second every program is "large"
+    exact.offset = relaxed.offset = offset
+    exact = exact._solve(9, options, costs, forced, capacity)
     exact = cost_of(exact, options, costs) - len(exact) * offset  # what the choice is worth, the constant out
-    policy.exact_options = 0  # every program is "large"
-    chosen = policy._solve(9, options, costs, forced, capacity)
+    solved = []  # the integrality of each program the relaxed policy solves: its relaxation's first
+    relaxed._solve_program = lambda *program: solved.append(program[1]) or SiaPolicy._solve_program(relaxed, *program)
+    chosen = relaxed._solve(9, options, costs, forced, capacity)
+    assert solved[0] is False
     assert {options[5], options[40]} <= set(chosen)
     for gpu_type in capacity:
         assert sum(g for _, config in chosen for t, g in config if t == gpu_type) <= capacity[gpu_type]
