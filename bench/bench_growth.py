@@ -15,11 +15,14 @@ jobs, one line per GPU count).
                                  # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
     python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 2000   # larger programs on LP terms
+    python bench/bench_growth.py --philly sia --days 33   # the jobs of the first 33 days only, run to the end
 
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
 application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
 (T4s only, for a policy of one type). A run stops at `--budget` CPU seconds; it then says how far it got and what
 the whole trace would take at its rate so far. Its plot: each policy's CPU seconds against the simulated days.
+With `--days D` only the jobs that arrive in the trace's first D days run (a policy's decisions at this scale compared
+with an option's): each run that finishes reports its average and p99 JCT and makespan as well.
 """
 import argparse
 import itertools
@@ -28,6 +31,8 @@ import signal
 import statistics
 import time
 from dataclasses import replace
+
+import numpy as np
 
 from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
@@ -94,11 +99,14 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
         return cluster, True
 
 
-def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None) -> list:
-    """Each policy on Philly's whole trace (or `trace`), 300 x 8 GPUs, stopped at `budget` CPU seconds (SIGPROF):
-    a markdown row each, printed, and per policy its figures and its CPU seconds at each simulated day."""
+def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None, days=None) -> list:
+    """Each policy on Philly's whole trace (or `trace`; its first `days` days' jobs), 300 x 8 GPUs, stopped at
+    `budget` CPU seconds (SIGPROF): a markdown row each, printed, and per policy its figures and its CPU seconds at
+    each simulated day; the JCTs of the runs that finished, in a table after."""
     trace = trace or load_workload(data / "pollux" / "traces" / "philly.csv")
-    drawn = with_applications(trace, apps)
+    drawn = with_applications(trace, apps)  # drawn over the whole trace: the first days' jobs are the same
+    if days is not None:
+        trace, drawn = ([s for s in specs if s.arrival < days * 86400] for specs in (trace, drawn))
     span = trace[-1].arrival
     print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | "
           "CPU s a round, last 1,000 | whole trace, CPU s |")
@@ -111,10 +119,10 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
         begin = time.process_time()
         signal.setitimer(signal.ITIMER_PROF, budget)
         try:
-            simulate(specs, timed, cluster, apps)
+            jobs = simulate(specs, timed, cluster, apps).jobs
             finished = True
         except TimeoutError:
-            finished = False
+            jobs, finished = [], False
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
         cpu = time.process_time() - begin
@@ -132,6 +140,15 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
         results.append(dict(policy=label, finished=finished, rounds=len(timed.seconds), days=reached / 86400,
                             cpu=cpu, deciding=sum(timed.seconds), whole=whole,
                             curve=sorted(days.items()) + [(round(reached / 86400, 3), round(cpu, 3))]))
+        if finished:
+            jct, end = (np.array([j[k] for j in jobs]) for k in ("jct", "completion"))
+            results[-1].update(jobs=len(jobs), avg_jct=float(jct.mean()), p99_jct=float(np.percentile(jct, 99)),
+                               makespan=float(end.max() - min(j["arrival"] for j in jobs)))
+    done = [r for r in results if r["finished"]]
+    if done:
+        print("\n| policy | jobs | avg JCT s | p99 JCT s | makespan s |\n|---|---:|---:|---:|---:|")
+        for r in done:
+            print(f"| {r['policy']} | {r['jobs']} | {r['avg_jct']:.2f} | {r['p99_jct']:.2f} | {r['makespan']:.0f} |")
     return results
 
 
@@ -171,6 +188,8 @@ def main():
     ap.add_argument("--plot", default="")
     ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
+    ap.add_argument("--days", type=float, default=None,
+                    help="with --philly: only the jobs arriving in the trace's first DAYS days, run to the end")
     ap.add_argument("--pollux-nodes", default="all", choices=NODES,
                     help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
     ap.add_argument("--exact-options", type=int, default=EXACT_OPTIONS,
@@ -186,7 +205,7 @@ def main():
     data = data_dir()
     apps = Applications(data)
     if args.philly:
-        results = whole_trace(args.philly.split(","), data, apps, args.budget)
+        results = whole_trace(args.philly.split(","), data, apps, args.budget, days=args.days)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

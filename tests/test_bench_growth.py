@@ -39,3 +39,11 @@ def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_against_days(tmp_path
         assert list(days) == sorted(days) and list(cpu) == sorted(cpu) and days[-1] == round(r["days"], 3)
         assert f"| {r['policy']} | {r['rounds']} |" in out
     assert (tmp_path / "philly.png").stat().st_size > 0
+
+
+def test_the_first_days_run_to_the_end_and_report_their_jcts(tmp_path):
+    out = bench_growth("--philly", "fifo", "--days", 2, "--budget", 60, "--json", tmp_path / "days.json")
+    result, = json.loads((tmp_path / "days.json").read_text())
+    assert result["finished"] and result["jobs"] == 1, result  # the trace's one job of its first two days
+    assert 0 < result["avg_jct"] == result["p99_jct"] <= result["makespan"], result
+    assert f"| fifo | 1 | {result['avg_jct']:.2f} |" in out
