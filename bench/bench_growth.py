@@ -106,7 +106,11 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
     trace = trace or load_workload(data / "pollux" / "traces" / "philly.csv")
     drawn = with_applications(trace, apps)  # drawn over the whole trace: the first days' jobs are the same
     if days is not None:
+        first = trace[0].arrival
         trace, drawn = ([s for s in specs if s.arrival < days * 86400] for specs in (trace, drawn))
+        if not trace:
+            raise SystemExit(f"--days {days:g}: no job arrives that early; the trace's first arrives on day "
+                             f"{first / 86400:.2f}")
     span = trace[-1].arrival
     print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | "
           "CPU s a round, last 1,000 | whole trace, CPU s |")

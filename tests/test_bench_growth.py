@@ -47,3 +47,6 @@ def test_the_first_days_run_to_the_end_and_report_their_jcts(tmp_path):
     assert result["finished"] and result["jobs"] == 1, result  # the trace's one job of its first two days
     assert 0 < result["avg_jct"] == result["p99_jct"] <= result["makespan"], result
     assert f"| fifo | 1 | {result['avg_jct']:.2f} |" in out
+    none = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_growth.py"), "--philly", "fifo",
+                           "--days", "0"], capture_output=True, text=True, timeout=600)
+    assert none.returncode != 0 and "--days 0: no job arrives that early" in none.stderr, none.stderr
