@@ -1,4 +1,5 @@
 """Cluster mode from the command line, as the README gives it: start, submit, status, logs, cancel, stop."""
+import contextlib
 import json
 import os
 import re
@@ -168,7 +169,8 @@ def test_stop_ends_only_the_ray_it_started_and_a_lost_scheduler_is_named(easysca
         assert session_pids(other.pid), "`cluster stop` ended a Ray it did not start"
     finally:
         for pid in session_pids(other.pid):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # ended with the session's leader, killed a moment ago
+                os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while session_pids(other.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
