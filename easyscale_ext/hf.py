@@ -18,7 +18,6 @@ the Trainer's per-process RNG files are not restored (the contexts hold every wo
 the setting: more processes than virtual workers, and a resume from a checkpoint written inside an epoch (use
 `save_strategy="epoch"`).
 """
-import atexit
 import contextlib
 import math
 import os
@@ -32,7 +31,7 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_N
 from .elastic.checkpoint import (check_header, context_bytes, context_tensors, gather_contexts, job_header,
                                  read_verified, write_verified)
 from .placement import even_ranges
-from .runtime.ddp import EasyScaleDDP
+from .runtime.ddp import EasyScaleDDP, end_process_group_at_exit
 from .runtime.loader import VirtualDataLoader
 
 if is_datasets_available():
@@ -56,10 +55,7 @@ class EasyScaleTrainer(Trainer):
                              f"started {self.args.world_size}: start fewer or raise virtual_world_size")
         self._ddp = None
         if dist.is_initialized():
-            # Accelerate leaves torchrun's group alive into interpreter shutdown, where a gloo worker thread can
-            # abort the process (pytorch/pytorch#190489); Lightning ends it at exit likewise.
-            atexit.unregister(_end_process_group)
-            atexit.register(_end_process_group)
+            end_process_group_at_exit()  # Accelerate leaves torchrun's group alive into interpreter shutdown
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if not training:
@@ -147,8 +143,3 @@ class EasyScaleTrainer(Trainer):
 
     def _load_rng_state(self, checkpoint):
         pass  # every virtual worker's streams came back with its context
-
-
-def _end_process_group():
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -32,7 +32,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from .elastic.checkpoint import check_header, gather_contexts, job_header
-from .runtime.ddp import EasyScaleDDP
+from .runtime.ddp import EasyScaleDDP, end_process_group_at_exit
 
 CHECKPOINT_KEY = "easyscale"  # where a Lightning checkpoint keeps the virtual workers' contexts
 # DataLoader settings the rebuilt training loader keeps (the sampler and batching are EasyScale's).
@@ -84,6 +84,10 @@ class EasyScaleStrategy(DDPStrategy):
                                  "reduces over processes, not virtual workers; leave it off (each virtual worker "
                                  "keeps its own BatchNorm statistics, as a DDP rank does)")
         super().setup(trainer)
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        end_process_group_at_exit()  # Lightning ends it at exit for NCCL only
 
     def _setup_model(self, model) -> EasyScaleDDP:
         device_ids = None if self.root_device.type == "cpu" else [self.root_device.index]

@@ -30,6 +30,18 @@ def test_the_same_bits_on_1_process_as_on_2_then_4_across_a_restart(tmp_path):
     assert one != printed_state(run(EXAMPLE, "--devices", "1", cwd=tmp_path))  # it accumulates: not the plain run
 
 
+def test_the_process_group_ends_before_the_interpreter_does(tmp_path):
+    """Lightning ends its group at exit for NCCL only, and a gloo group alive at interpreter shutdown can abort a
+    run that trained to its end (pytorch/pytorch#190489): the example, run as it is, has no group left by then."""
+    last = ("import atexit, runpy, sys, torch.distributed as dist\n"  # registered first, so it runs last
+            "atexit.register(lambda: print('group at exit:', 'alive' if dist.is_initialized() else 'ended'))\n"
+            f"sys.argv = [{EXAMPLE!r}, '--devices', '1', '--epochs', '1']\n"
+            f"runpy.run_path({EXAMPLE!r}, run_name='__main__')\n")
+    out = run("-c", last, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "group at exit: ended", out.stdout
+
+
 def test_the_readme_shows_the_example_as_it_runs():
     assert in_readme(EXAMPLE)
 

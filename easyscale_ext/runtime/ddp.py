@@ -19,6 +19,7 @@ switching workers in and out, finishing the step, contexts for scale events) who
 reads; split, a reader would follow it across files. What DDP offers beyond the step (its module checks,
 pickling and deepcopy, its logging data) is the mixin in ddp_parity.py.
 """
+import atexit
 import collections
 import contextlib
 import statistics
@@ -48,6 +49,20 @@ from .reducer import CanonicalReducer
 _PROCESS = -1  # context-store worker id for process-level snapshots
 _OPEN_STEP = ("the last step is still open: its `for batch in ddp.workers(...)` loop did not run to the end "
               "(a break, or zip() stopping early), so its gradients were never reduced; iterate it to completion")
+
+
+def end_process_group_at_exit() -> None:
+    """Destroy the default process group when the interpreter exits, if it is alive then. For the frameworks that
+    create the group and leave it alive (Accelerate; Lightning unless the backend is NCCL): a gloo group that lives
+    into interpreter shutdown can abort a finished run there (pytorch/pytorch#190489). Registered once, however
+    often called; it runs before the handlers registered earlier, after those registered later."""
+    atexit.unregister(_end_process_group)
+    atexit.register(_end_process_group)
+
+
+def _end_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class EasyScaleDDP(DDPParity, nn.Module):
