@@ -33,8 +33,9 @@ def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_against_days(tmp_path
                        "--plot", tmp_path / "philly.png")
     results = json.loads((tmp_path / "philly.json").read_text())
     assert [r["policy"] for r in results] == ["fifo", "saxena (T4 only)"]
-    for r in results:
-        assert not r["finished"] and r["whole"].startswith(">= ") and 2 <= r["cpu"] < 4, r
+    for r in results:  # stopped partway, with how far it got, and the whole trace's CPU extrapolated beyond that
+        assert not r["finished"] and r["rounds"] > 0 and r["days"] > 0, r
+        assert r["whole"].startswith(">= ") and float(r["whole"][3:]) >= round(r["cpu"]), r
         days, cpu = zip(*r["curve"])
         assert list(days) == sorted(days) and list(cpu) == sorted(cpu) and days[-1] == round(r["days"], 3)
         assert f"| {r['policy']} | {r['rounds']} |" in out

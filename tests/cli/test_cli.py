@@ -4,7 +4,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
@@ -95,13 +94,11 @@ def free_port() -> int:
 @pytest.mark.parametrize("args,message", [
     (["--store", "localhost", "--procs", "2"], "expected the job store's address as HOST:PORT"),
     (["--store", "127.0.0.1:x", "--procs", "2"], "expected the job store's address as HOST:PORT"),
-    (["--store", f"127.0.0.1:{free_port()}", "--procs", "2", "--connect-timeout", "60"],
-     "no job store answers at 127.0.0.1:"),  # refused: said at once, not after the 60 s (TCPStore retries)
+    (["--store", f"127.0.0.1:{free_port()}", "--procs", "2", "--connect-timeout", "3600"],
+     "no job store answers at 127.0.0.1:"),  # refused: said at once, not after the hour (TCPStore retries)
 ])
 def test_scale_without_a_reachable_job_fails_in_one_line_at_once(args, message):
-    start = time.monotonic()
-    out = easyscale("scale", *args)
-    assert time.monotonic() - start < 30  # the interpreter's start on a loaded machine; far below the 60 s
+    out = easyscale("scale", *args)  # one that waited for its connect timeout would pass easyscale()'s own
     assert out.returncode == 2 and message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 3  # argparse: usage + line
 
