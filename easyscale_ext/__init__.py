@@ -14,6 +14,7 @@ Layers, each importing only those below it (docs/ARCHITECTURE.md):
     placement which virtual ranks each process owns: no torch
     spawn     a job's process starts, forked from a server that has torch loaded: no torch itself
     determinism  D0/D1/D2 and the environment each needs: torch only where a process applies one
+    home      where every command keeps a user's state ($EASYSCALE_HOME): no torch
 
 The public names below load on first use, so that `import easyscale_ext.sched` (the simulator, the CLI's
 help) never pays for torch. A training script has imported torch already: then the runtime loads with the

@@ -11,11 +11,8 @@ import sys
 import threading
 import time
 
+from ..home import home
 from .errors import UsageError
-
-
-def home() -> str:
-    return os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
 
 
 def load() -> dict:

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 
 import torch.distributed as dist
 
+from ..home import home
 from ..placement import valid_split
 from .protocol import JobStore, reached
 
@@ -69,8 +70,7 @@ def new_secret() -> str:
 
 def secret_file(address: str) -> str:
     """Where `easyscale run` leaves its job's secret for its user's tools."""
-    home = os.environ.get("EASYSCALE_HOME") or os.path.join(os.path.expanduser("~"), ".easyscale")
-    return os.path.join(home, "stores", address.replace(":", "-"))
+    return os.path.join(home(), "stores", address.replace(":", "-"))
 
 
 def save_secret(address: str, secret: str) -> str:

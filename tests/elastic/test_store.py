@@ -9,7 +9,7 @@ import time
 import pytest
 
 from easyscale_ext.elastic.client import (SECRET_ENV, NotTheJobsSecret, connect, current_members, new_secret,
-                                          request_scale, save_secret, serve)
+                                          request_scale, save_secret, secret_file, serve)
 from easyscale_ext.elastic.protocol import hosted
 from easyscale_ext.elastic.launcher import ElasticLauncher
 from support.jobs import JOB, reference
@@ -39,6 +39,20 @@ def test_a_stale_secret_file_neither_hangs_nor_goes_unread(tmp_path, monkeypatch
     with pytest.raises(NotTheJobsSecret, match="the one it holds is another job's"):
         connect(f"127.0.0.1:{server.port}", timeout_s=5)
     assert job.target() is None
+
+
+def test_a_jobs_secret_file_lives_in_the_home_every_command_keeps_its_state_in(tmp_path, monkeypatch):
+    """`easyscale scale` finds the secret where `easyscale run` left it, in the home `easyscale cluster` keeps the
+    cluster's state in: $EASYSCALE_HOME, else ~/.easyscale."""
+    from easyscale_ext.cli import ray_session
+    from easyscale_ext.home import home
+
+    assert ray_session.home is home
+    monkeypatch.setenv("EASYSCALE_HOME", str(tmp_path / "set"))
+    assert secret_file("127.0.0.1:29500") == str(tmp_path / "set" / "stores" / "127.0.0.1-29500")
+    monkeypatch.delenv("EASYSCALE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert secret_file("127.0.0.1:29500") == str(tmp_path / "user" / ".easyscale" / "stores" / "127.0.0.1-29500")
 
 
 def test_easyscale_runs_store_is_on_loopback_by_default():
