@@ -233,9 +233,7 @@ def bench_context(name, tensors, location, timer, shm_dir, log):
     # memcpy: seconds for `size` bytes one way (pinned: mean of D2H and H2D).
     res["memcpy_s"] = res["memcpy"][0] / (2 if location == "pinned" else 1)
     log(f"  {name}/{location}: " + ", ".join(f"{k} {res[k][0] * 1e3:.3f} ms" for k in contenders))
-    del store, saved, pre, loaded, contenders
-    gc.collect()
-    return res
+    return res  # the contenders' memory goes with this frame (the caller collects after each case)
 
 
 def context_rows(res):
@@ -288,7 +286,7 @@ def bench_reductions(sizes, ks, device, timer, log):
             })
             log(f"  canonical_sum n={n} k={k} on {device}: {t_es * 1e3:.3f} ms "
                 f"(stack {t_stack * 1e3:.3f}, add_ loop {t_add * 1e3:.3f})")
-            del xs
+            xs.clear()  # the tensors go before the next k's are made (the closures above still hold the list)
             gc.collect()
     return rows
 
