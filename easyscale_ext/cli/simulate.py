@@ -236,7 +236,8 @@ def main(args) -> int:
     cluster = parse_cluster(args.cluster or (EASYSCALE if easyscale else DEFAULT))
     chosen = args.calibration
     args.calibration = calibration_for(specs, cluster) if chosen == "auto" else chosen
-    runnable = choose(names, specs, cluster, args.seed, sim_config(args).job_model, Applications(data))
+    runnable = choose(names, specs, cluster, args.seed, args.calibration, sim_config(args).job_model,
+                      Applications(data))
     describe(cluster, easyscale and not args.cluster, used, renamed, args.calibration)
     if chosen == "auto" and args.calibration == "sia":
         print("job model and settings: Sia's artifact's (--calibration sia), the default for a Pollux-format "
@@ -260,13 +261,14 @@ def calibration_for(specs, cluster) -> str:
     return "sia" if pollux_format and len(set(cluster.types)) > 1 else "none"
 
 
-def choose(names, specs, cluster, seed, job_model, apps) -> list:
-    """The policies `names` (or all that can run the workload on the cluster); a UsageError if one named cannot."""
+def choose(names, specs, cluster, seed, calibration, job_model, apps) -> list:
+    """The policies `names` (or all that can run the workload on the cluster); a UsageError if one named cannot.
+    Each is checked as `calibration` makes it: the very policy run_one runs."""
     chosen = list(POLICIES) if names == ["all"] else names
     refused = {}
     for name in chosen:
         try:
-            validate(specs, RUNNABLE[name](seed), cluster, job_model, apps)
+            validate(specs, made(name, calibration)(seed), cluster, job_model, apps)
         except ValueError as e:
             refused[name] = str(e)
     if refused and (names != ["all"] or len(refused) == len(chosen)):

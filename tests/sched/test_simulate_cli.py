@@ -9,7 +9,7 @@ import pytest
 
 from easyscale_ext.cli import simulate as simulate_cli
 from easyscale_ext.cli.errors import UsageError
-from easyscale_ext.sched.policies import POLICIES, made
+from easyscale_ext.sched.policies import POLICIES, SIA_ARTIFACT, OptimusPolicy, made
 
 WORKLOAD = "pollux/workloads/workload-6.csv"  # inside the data folder
 PHILLY = "pollux/traces/philly.csv"
@@ -145,6 +145,15 @@ def test_the_job_model_switches_reach_every_policy(tmp_path):
     assert config["restart_by_app"]["imagenet"] == 250 and config["slowdown"] == {}
     with pytest.raises(SystemExit):
         parse("--workload", WORKLOAD, "--in-place", "sometimes")
+
+
+def test_a_policy_is_checked_as_its_calibration_makes_it(monkeypatch):
+    """The policy checked against the workload and the cluster before anything runs is the one that runs: under
+    Sia's calibration, the artifact's Pollux (here one that models one GPU type), not the project's."""
+    monkeypatch.setitem(SIA_ARTIFACT, "pollux", lambda seed: OptimusPolicy())
+    with pytest.raises(UsageError, match="optimus models one GPU type"):
+        simulate_cli.main(parse("--workload", WORKLOAD, "--policy", "pollux", "--limit", "4", "--cluster",
+                                "4x4:t4,4x4:v100", "--calibration", "sia"))
 
 
 def test_a_pollux_format_workload_on_several_types_runs_in_sias_setting_by_default(tmp_path, capsys):
