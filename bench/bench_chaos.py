@@ -103,7 +103,6 @@ class Chaos:
         from easyscale_ext.cluster.scheduler import launch
 
         self.ray, self.rng = ray, random.Random(seed + 1)
-        self.alive_nodes = list(range(NODES))
         self.scheduler = launch(os.path.join(work, "state"), policy, 0.5, max_restarts=-1)
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
         self.outs, self.ids = {}, []
@@ -195,11 +194,11 @@ class Chaos:
                 return None
             return f"{job}/{worker}"
         if kind == "node":
-            gone = rng.choice(self.alive_nodes)
-            self.local.remove_node(gone)
-            self.alive_nodes.remove(gone)
-            self.alive_nodes.append(self.local.add_node(SLOTS))
-            return f"node {gone} -> {self.alive_nodes[-1]}"
+            nodes = self.local.node_ids()
+            gone = rng.choice(nodes)
+            self.local.remove_node(nodes.index(gone))
+            joined = self.local.node_ids()[self.local.add_node(SLOTS)]
+            return f"node {gone[:8]} -> {joined[:8]}"
         if kind == "scheduler":
             ray.kill(self.scheduler, no_restart=False)  # as a crash: Ray starts it again
             return "scheduler"

@@ -81,11 +81,11 @@ class LocalCluster:
         return self.cluster.address
 
     def node_ids(self) -> List[str]:
-        """The slot nodes' ids, in the order they were added."""
+        """The slot nodes' ids, in the order they were added, less those removed."""
         return [n.node_id for n in self.nodes]
 
     def add_node(self, slots: int, cpus: int = 2, gpu_type: Optional[str] = None) -> int:
-        """Another slot node (as a machine joining), of `gpu_type` if given; returns its index."""
+        """Another slot node (as a machine joining), of `gpu_type` if given; returns its index in `node_ids()`."""
         from ..determinism import isa_caps
 
         caps = isa_caps(self.isas[gpu_type]) if self.isas.get(gpu_type) else {}
@@ -103,7 +103,8 @@ class LocalCluster:
         return len(self.nodes) - 1
 
     def remove_node(self, index: int) -> None:
-        self.cluster.remove_node(self.nodes[index])
+        """Take the node at `index` of `node_ids()` away (as a machine lost); the nodes after it move up one."""
+        self.cluster.remove_node(self.nodes.pop(index))
 
     def shutdown(self) -> None:
         import ray
