@@ -38,6 +38,7 @@ def test_the_sdist_installs_into_a_fresh_environment_and_runs_a_job_outside_the_
     with tarfile.open(sdist) as archive:
         shipped = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert sources <= shipped, sorted(sources - shipped)
+    assert "LICENSE" in shipped
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", venv])
     python = venv / "bin" / "python"
@@ -52,6 +53,11 @@ def test_the_sdist_installs_into_a_fresh_environment_and_runs_a_job_outside_the_
     installed = run([python, "-c", "import easyscale_ext, os; print(os.path.dirname(easyscale_ext.__file__))"],
                     cwd=elsewhere).strip()
     assert installed.startswith(str(venv)), installed
+    # The licence goes with the installed package: its SPDX expression in the metadata, its text in the dist-info.
+    licence = run([python, "-c", "import importlib.metadata as m; d = m.distribution('easyscale_ext'); "
+                   "print(d.metadata['License-Expression'], *(f for f in d.files if f.name == 'LICENSE'))"],
+                  cwd=elsewhere).split()
+    assert licence == ["BSD-3-Clause", f"easyscale_ext-{es.__version__}.dist-info/licenses/LICENSE"], licence
     (elsewhere / "train.py").write_text(docstring_example(es.EasyScaleDDP))
     hashes = [run([python, "-m", "torch.distributed.run", "--nproc-per-node", procs, "--standalone", "train.py"],
                   cwd=elsewhere).split() for procs in (1, 2)]
