@@ -33,5 +33,6 @@ def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster:
                 "restarts": max(starts[j["id"]] - 1, 0),
                 "gpu_seconds": attained[j["id"]]}
                for j in jobs if j["state"] == "finished"]
+    recorded = {r["name"] for r in records}  # a job that failed or was cancelled held slots, but has no JCT
     return Result(policy, cluster, {"driver": "cluster", "round_s": round_s}, records,
-                  {"time": times, "gpus": gpus, "active": active}, segments)
+                  {"time": times, "gpus": gpus, "active": active}, [s for s in segments if s[0] in recorded])
