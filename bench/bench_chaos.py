@@ -124,14 +124,24 @@ class Chaos:
         self.watcher.start()
 
     def call(self, verb, *args):
-        """A scheduler verb, waiting out the scheduler's restarts."""
-        deadline = time.monotonic() + 120
+        """A scheduler verb, waiting out the scheduler's restarts. A call that timed out is waited for again, never
+        made again: the scheduler may still carry it out, and a reserve made twice takes two slots. One that the
+        scheduler's death failed is made again: faults strike one at a time, so the scheduler is never killed
+        while it carries out the injector's reserve (a timer's unreserve can be: made again, it may give a second
+        slot of its node back early)."""
+        deadline, pending = time.monotonic() + 120, None
         while True:
             try:
-                return self.ray.get(getattr(self.scheduler, verb).remote(*args), timeout=30)
-            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
+                if pending is None:
+                    pending = getattr(self.scheduler, verb).remote(*args)
+                return self.ray.get(pending, timeout=30)
+            except self.ray.exceptions.GetTimeoutError:
                 if time.monotonic() > deadline:
                     raise
+            except self.ray.exceptions.RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                pending = None
                 time.sleep(0.5)
 
     def watch(self):
