@@ -9,8 +9,12 @@ import sys
 import pytest
 import torch
 
+import support.jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "bench_gpu.py")
+sys.path.insert(0, os.path.dirname(SCRIPT))
+import bench_gpu as bench  # noqa: E402  (bench_gpu names the function below)
 
 
 def bench_gpu(*args, timeout=600):
@@ -46,3 +50,28 @@ def test_timing_and_profiling_parts_run_on_the_cpu(tmp_path):
     assert all(p["host_top"] for p in found["host"].values())
     assert len(set(found["hashes cudnn off"]["cnn"].values())) == 1 and found["tensors cudnn off"]["cnn"]
     assert found["cudnn"] == torch.backends.cudnn.version()  # a part's result beside, not over, the versions
+
+
+def test_the_unfilled_part_takes_the_filled_hashes_from_the_hashes_part(tmp_path, monkeypatch):
+    """Every training job of the hashes and unfilled parts runs once: the filled runs' hashes are the hashes part's
+    (no job is run here; the timing and profiling processes are stood in for)."""
+    jobs = []
+
+    def run_job(mode, env_per_rank, tensor_hashes=None, **options):
+        jobs.append(json.dumps([mode, env_per_rank, options], sort_keys=True))
+        if tensor_hashes:
+            with open(tensor_hashes, "w") as f:
+                json.dump([], f)
+        return f"sha256 of job {len(jobs)}"
+
+    profile = dict(total_us=1, top=[], host_total_us=1, host_top=[], waits=[])
+    monkeypatch.setattr(support.jobs, "run_job", run_job)
+    monkeypatch.setattr(bench, "levels", lambda models, rounds, steps, device, batch, runs:
+                        {m: dict.fromkeys(runs, 1.0) for m in models})
+    monkeypatch.setattr(bench, "in_children", lambda child, runs, *args: {label: [profile] for label in runs})
+    result = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", [SCRIPT, "--device", "cpu", "--parts", "hashes,unfilled", "--json", str(result)])
+    bench.main()
+    assert len(jobs) == len(set(jobs)), f"{len(jobs) - len(set(jobs))} of the {len(jobs)} jobs ran twice"
+    found = json.loads(result.read_text())
+    assert found["hashes unfilled"]["filled"] == {m: found["hashes"][m] for m in bench.AMP_MODELS}
