@@ -81,6 +81,30 @@ class StepLog:
         self.file.flush()
 
 
+class DeferredStepLog(StepLog):
+    """EasyScale's step log: a step is complete when the next one starts (its optimizer step and the boundary after
+    it are done), so its record is written then. One started again after a lost process was never completed, and
+    one logged is not logged again when the step after it is started again. A step this process did not finish,
+    because a process was lost in its exchange, was finished by a survivor whose state the recovery took: it ran in
+    the configuration of the step before it, and its loss is not known here."""
+
+    def __init__(self, out):
+        super().__init__(out)
+        self.done, self.logged = None, 0
+
+    def finished(self, **record):
+        """This process ran the step `record` describes (write's arguments)."""
+        self.done = record
+
+    def starting(self, number):
+        """On the lead: step `number` starts, so the one before it is complete."""
+        if self.done is not None and self.logged < number - 1:
+            if self.done["step"] < number - 1:
+                self.done.update(step=number - 1, loss=None)
+            self.write(**self.done)
+            self.logged = self.done["step"]
+
+
 def write_pid(out, shard):
     with open(os.path.join(out, f"pid.{shard}"), "w") as f:
         f.write(str(os.getpid()))
@@ -192,31 +216,23 @@ def easyscale_job(args):
     write_pid(args.out, ddp.rank)
     loader = ddp.data_loader(dataset(), batch_size=BATCH, shuffle=True, seed=SEED)
     checkpointer = es.Checkpointer(os.path.join(args.out, "checkpoints"), ddp, optimizer)
-    log, done, logged = StepLog(args.out), {}, [0]
+    log = DeferredStepLog(args.out)
 
     def train_step(step):
-        # A step is complete when the next one starts (its optimizer step and the boundary after it are done);
-        # one started again after a lost process was never completed, and one logged is not logged again when
-        # the step after it is started again. A step this process did not finish, because a process was lost in
-        # its exchange, was finished by a survivor whose state the recovery took: it ran in the configuration of
-        # the step before it, and its loss is not known here.
-        if done and logged[0] < step.number - 1 and ddp.rank == 0:
-            if done["step"] < step.number - 1:
-                done.update(step=step.number - 1, loss=None)
-            log.write(**done)
-            logged[0] = done["step"]
+        if ddp.rank == 0:
+            log.starting(step.number)
         losses = []
         for x, y in ddp.workers(step.batches):
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
             losses.append(loss.item())
-        done.update(step=step.number, procs=dist.get_world_size(), shards=list(range(SHARDS)),
-                    gen=member.generation, loss=losses[0] if ddp.local_ranks[0] == 0 else None)
+        log.finished(step=step.number, procs=dist.get_world_size(), shards=list(range(SHARDS)),
+                     gen=member.generation, loss=losses[0] if ddp.local_ranks[0] == 0 else None)
 
     final = member.run(train_step, ddp, optimizer, loader, args.steps // STEPS_PER_EPOCH, checkpointer=checkpointer,
                        checkpoint_every=args.ckpt_every)
     if final is not None and ddp.rank == 0:
-        log.write(**done)
+        log.write(**log.done)
         finish(args.out, model, optimizer)
     member.close()
 
