@@ -233,7 +233,8 @@ def status(args) -> int:
         where = ", ".join(f"{n}x {node[:8]}" for node, n in Counter(live.get("nodes", [])).items())
         rate = f"{1 / job['step_s']:.2f}" if job.get("step_s") else ""
         step = f"{progress['step']}/{progress.get('total') or '?'}" if progress else ""
-        note = f"  ({job['note']})" if job["state"] in LIVE and job.get("note") else ""
+        # why it waits, or why it failed (its first failed process's last line; `easyscale logs` has the rest)
+        note = f"  ({job['note']})" if job["state"] in (*LIVE, "failed") and job.get("note") else ""
         print(f"{job['id']:<24} {job['state']:<10} {where:<28} {rate:>8} {step:>12}{note}")
     if not args.job and not args.all and sum(j["state"] not in LIVE for j in jobs) == SHOWN_ENDED:
         print(f"(the {SHOWN_ENDED} jobs that ended last; `easyscale status --all` lists every one)")

@@ -329,9 +329,11 @@ class RayCluster:
                     self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
                     record.leave_slots()
                     log.warning("%s: %s; queued to start again", job_id, note)
-                else:
-                    self.end(job_id, JobState.FINISHED if report.done == 0 else JobState.FAILED,
-                              exit_code=report.done, finished=report.done_at or time.time(), nodes=[])
+                elif report.done == 0:
+                    self.end(job_id, JobState.FINISHED, exit_code=0, finished=report.done_at or time.time(), nodes=[])
+                else:  # `easyscale logs` has the whole output
+                    self.end(job_id, JobState.FAILED, exit_code=report.done, finished=report.done_at or time.time(),
+                             nodes=[], note=report.error)
                 continue
             progress, model = report.progress, record.model
             following = model is not None and models

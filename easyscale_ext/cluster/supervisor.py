@@ -54,6 +54,7 @@ class Report:
     done_at: Optional[float] = None  # when
     orphaned: Optional[str] = None  # why it ended unfinished with no process to go on (it resumes from a checkpoint)
     suspended: Optional[int] = None  # the step it ended at, suspended before its last one
+    error: Optional[str] = None  # the first process that exited with an error: its name and last line of output
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +117,7 @@ class JobSupervisor:
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
         self.done_at: Optional[float] = None  # when (a scheduler's round may come later: this is the job's end)
+        self.error: Optional[str] = None  # Report.error
         self.lock = threading.Lock()
         threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
 
@@ -160,15 +162,7 @@ class JobSupervisor:
     def cancel(self) -> None:
         """End every process of the job and give their slots back."""
         with self.lock:
-            kills = {p.actor.kill.remote(): name for name, p in self.processes.items() if not p.retired}
-            answered, _ = ray.wait(list(kills), num_returns=len(kills), timeout=10)  # one never placed: no answer
-            for ref, name in kills.items():
-                try:
-                    code, started = (ray.get(ref), True) if ref in answered else (-9, False)
-                except ray.exceptions.RayError:  # gone with its node
-                    code, started = -9, False
-                self._exited(name, code)
-                self._retire(name, keep_log=started)
+            self._kill(list(self.processes))
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> Report:
@@ -177,7 +171,7 @@ class JobSupervisor:
                       sorted(p.node for p in self.processes.values() if p.state != ProcessState.GONE),
                       self.store.progress(),
                       {n: p.exit_code for n, p in self.processes.items() if p.state == ProcessState.GONE},
-                      self.done, self.done_at, self.orphaned, self.suspended)
+                      self.done, self.done_at, self.orphaned, self.suspended, self.error)
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         if self.processes[worker].retired:  # its actor is gone: the copy on the head
@@ -223,6 +217,19 @@ class JobSupervisor:
             with open(path, "wb") as f:  # not the same file (a node of another machine): keep a copy
                 f.write(output)
         ray.kill(worker)
+
+    def _kill(self, names: List[str]) -> None:
+        """End these processes and wait for their ends, so that none outlives the job's end (a job resumed at once
+        must never meet a process of its last incarnation); their slots come free."""
+        kills = {self.processes[n].actor.kill.remote(): n for n in names if not self.processes[n].retired}
+        answered, _ = ray.wait(list(kills), num_returns=len(kills), timeout=10)  # one never placed: no answer
+        for ref, name in kills.items():
+            try:
+                code, started = (ray.get(ref), True) if ref in answered else (-9, False)
+            except ray.exceptions.RayError:  # gone with its node
+                code, started = -9, False
+            self._exited(name, code)
+            self._retire(name, keep_log=started)
 
     def _start(self, name: str, node: str, joining: bool) -> None:
         env = dict(self.env)
@@ -279,6 +286,16 @@ class JobSupervisor:
             if code != 0 and not store.is_lost(name):
                 store.mark_lost(name, "exited")  # the others recover at once, in place
             self._retire(name)
+            if code > 0 and self.error is None:
+                self.error = f"{name}: {last_line(self._log_path(name))}"
+        if self.error is not None and store.progress() is None and any(
+                not p.joiner and p.exit_code is not None and p.exit_code > 0 for p in processes.values()):
+            # One of the first processes failed before the job's first step: the others would wait for it in the
+            # first group until its timeout, and the same script on slots of the same kind fails the same way.
+            failed = next(p.exit_code for p in processes.values() if not p.joiner and (p.exit_code or 0) > 0)
+            self._kill([w for w, p in processes.items() if p.state != ProcessState.GONE])
+            self.done, self.done_at = failed, time.time()
+            return
         members = self.client.current_members(store)
         for m in members:
             if processes[m].state in (ProcessState.STARTING, ProcessState.JOINING):
@@ -328,8 +345,7 @@ class JobSupervisor:
         """Every member has exited: the job is done, finished or not (suspended, orphaned, failed)."""
         processes = self.processes
         codes = [processes[m].exit_code for m in members] or [0]
-        for w in alive:  # joiners nobody will admit (one may wait for a slot that never comes: no call)
-            self._exited(w, -9)
+        self._kill(alive)  # joiners nobody will admit (one may wait for a slot that never comes: no call)
         stopped = self.store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
         finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
         killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script set its
@@ -343,5 +359,14 @@ class JobSupervisor:
             self.suspended = stopped  # not finished: it resumes from there
         self.done_at = time.time()
         self.done = 0 if finished else next((c for c in codes if c != 0), 0)
-        for w in alive:  # detached: they go with the job, and their processes with them
-            self._retire(w, keep_log=False)
+
+
+def last_line(path: str) -> str:
+    """The last line a process wrote (a Python error's traceback ends with the error), '' if none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(os.path.getsize(path) - 4096, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:  # it never started, or went with its node before a copy
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")

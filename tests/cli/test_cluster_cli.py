@@ -91,6 +91,14 @@ def test_the_readme_commands_run_their_job_and_jobs_keep_their_fixed_bits(easysc
     assert len(digests) == 2 and digests[0] == digests[1]
     for table in (easyscale("status").stdout, easyscale("status", "--all").stdout):
         assert all(re.search(rf"^{job}\s+finished", table, re.M) for job in jobs), table
+    # A script that fails as it starts: its job fails, and `status` says with what (`logs` has the whole output).
+    script.write_text("raise RuntimeError('broken before its first step')\n")
+    failed = easyscale("submit", "--virtual-workers", "1", str(script)).stdout.strip()
+    deadline = time.monotonic() + 120
+    while not re.search(rf"^{failed}\s+failed\s.*\(w0: RuntimeError: broken before its first step\)$",
+                        table := easyscale("status").stdout, re.M):
+        assert time.monotonic() < deadline, table
+        time.sleep(1)
     # On the head, `status` reads the scheduler's job table: it does not join Ray (most of its second went there)
     probe = ("import sys; from easyscale_ext.cli.main import main; code = main(['status']); "
              "assert 'ray' not in sys.modules, 'status joined Ray'; sys.exit(code)")

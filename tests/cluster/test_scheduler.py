@@ -573,3 +573,37 @@ def test_a_job_without_a_checkpoint_folder_resumes_from_the_clusters(cluster, tm
         assert list((tmp_path / "state" / "checkpoints" / job).glob("*")), "no checkpoint in the cluster's folder"
     finally:
         stop(scheduler)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "sia"])  # one that never preempts, one that does
+def test_a_job_whose_first_processes_fail_as_they_start_fails_at_once_with_the_first_error(cluster, tmp_path, policy):
+    """A script that raises before its first step (every process fails), and a job one of whose processes cannot
+    join the first group (gloo bound to an interface this machine lacks) while the other waits in it, which would
+    wait for the group's 300 s timeout: each fails at once with its first error line, its slots free."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('broken before its first step')\n")
+    one_cannot_connect = tmp_path / "one_cannot_connect.py"
+    one_cannot_connect.write_text(
+        "import os, runpy, sys\n"
+        "if os.environ['EASYSCALE_WORKER_ID'] == 'w1':\n"
+        "    os.environ['GLOO_SOCKET_IFNAME'] = 'nosuch0'\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    scheduler = launch(str(tmp_path / "state"), policy, 0.5)
+    try:
+        says = {  # job -> what its note must say: the failed process, and its error's last line
+            ray.get(scheduler.submit.remote([str(broken)], 4, 2, 2, "raises", ENV, "cifar10")):
+            ("w0: RuntimeError: broken before its first step", "w1: RuntimeError: broken before its first step"),
+            ray.get(scheduler.submit.remote([str(one_cannot_connect)] + job_argv(tmp_path / "nogroup", 4), 4, 2, 2,
+                                            "nogroup", ENV, "cifar10")):
+            ("w1: RuntimeError: ",)}
+        deadline = time.monotonic() + START_S
+        while any((now := ray.get(scheduler.status.remote(job))[0])["state"] != "failed" for job in says):
+            assert time.monotonic() < deadline and now["state"] != "finished", now
+            time.sleep(0.5)
+        for job, notes in says.items():
+            note = ray.get(scheduler.status.remote(job))[0]["note"]
+            assert any(note.startswith(n) for n in notes), (job, note)
+        assert all(n["held"] == 0 for n in ray.get(scheduler.nodes.remote()))
+    finally:
+        stop(scheduler)
