@@ -24,6 +24,7 @@ from . import NAMESPACE
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
                    "os.execvp(sys.argv[1], sys.argv[1:])")
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # a slot's own (Ray sets it per actor): read when the process first uses CUDA
+GLOO_ENV = "GLOO_SOCKET_IFNAME"  # the interface gloo binds to; unset, it takes the address the hostname resolves to
 
 
 @ray.remote(num_cpus=0)
@@ -74,6 +75,11 @@ class SlotWorker:
         self.log_path, self.code = log_path, None
         if GPUS_ENV in os.environ:
             env = dict(env, **{GPUS_ENV: os.environ[GPUS_ENV]})
+        # The job's gloo groups go over the interface of the node's Ray address, the one its peers reach it at: what
+        # the hostname resolves to may be loopback (127.0.1.1) or another network. A job's own setting stands.
+        interface = interface_of(ray.util.get_node_ip_address())
+        if interface and GLOO_ENV not in env:
+            env = dict(env, **{GLOO_ENV: interface})
         node = ray.get_runtime_context().get_node_id()
         self.server = NodeForkServer.options(
             name=fork_server_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
@@ -142,3 +148,11 @@ def _alive(pid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The name of this machine's network interface that holds `address`; None if none does."""
+    import psutil  # Ray's own dependency
+
+    return next((name for name, addresses in psutil.net_if_addrs().items()
+                 if any(a.address == address for a in addresses)), None)

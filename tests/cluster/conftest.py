@@ -3,6 +3,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="cluster mode needs Ray (pip install 'easyscale_ext[cluster]')")
 
+from support.hosts import hosts  # noqa: E402,F401 (the fixture of the tests across emulated hosts)
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -5,11 +5,12 @@ import os
 from typing import Dict, Iterable, List, Tuple
 
 
-def _listeners() -> Dict[int, Tuple[str, int]]:
-    """Every listening TCP socket: its inode -> (local address, port)."""
+def _listeners(proc: str = "/proc/self") -> Dict[int, Tuple[str, int]]:
+    """Every listening TCP socket of the network namespace of process `proc` (a /proc folder): its inode -> (local
+    address, port)."""
     found = {}
     for table in ("tcp", "tcp6"):
-        with open(f"/proc/net/{table}") as f:
+        with open(f"{proc}/net/{table}") as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
                 if fields[3] != "0A":  # 0A: LISTEN
@@ -27,13 +28,16 @@ def listening(port: int) -> List[str]:
 
 
 def listening_of(pids: Iterable[int]) -> List[Tuple[int, str, str, int]]:
-    """(pid, command, address, port) of every listening TCP socket the processes `pids` hold."""
-    sockets, found = _listeners(), []
+    """(pid, command, address, port) of every listening TCP socket the processes `pids` hold, each seen in its own
+    network namespace."""
+    tables, found = {}, []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/comm") as f:
                 command = f.read().strip()
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            namespace = os.stat(f"/proc/{pid}/ns/net").st_ino
+            sockets = tables.get(namespace) or tables.setdefault(namespace, _listeners(f"/proc/{pid}"))
         except OSError:  # gone meanwhile
             continue
         for link in links:
