@@ -207,8 +207,8 @@ class Chaos:
             nodes = self.local.node_ids()
             gone = rng.choice(nodes)
             self.local.remove_node(nodes.index(gone))
-            joined = self.local.node_ids()[self.local.add_node(SLOTS)]
-            return f"node {gone[:8]} -> {joined[:8]}"
+            added = self.local.add_node(SLOTS)  # its index, in node_ids() once it is added
+            return f"node {gone[:8]} -> {self.local.node_ids()[added][:8]}"
         if kind == "scheduler":
             ray.kill(self.scheduler, no_restart=False)  # as a crash: Ray starts it again
             return "scheduler"
