@@ -8,17 +8,25 @@ drops what two hosts send each other, in one direction or both, while each still
 to a hardware address nobody has), and `freeze` stops every process in it (SIGSTOP). `Hosts.close` kills whatever
 ran in its namespaces and removes them and the bridge, also when a test fails or is interrupted. Needs root and
 iproute2; `hosts` (the pytest fixture of the tests that use it) skips with the reason where either is missing.
+`RayOnHosts` starts the README's across-machines cluster on such hosts, with its own commands.
 """
+import json
 import os
+import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SLOTS = 2  # per training host of RayOnHosts
 NOBODY = "02:00:00:00:00:00"  # a locally administered hardware address no interface here has: frames to it vanish
 
 
@@ -153,6 +161,107 @@ def _ip(*args: str) -> None:
     out = subprocess.run(["ip", *args], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+def readme_block() -> list:
+    """The README's across-machines commands: (where, command) with where "head" or "training"."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = re.search(r"\*\*Across machines\*\*, start Ray yourself and point the scheduler at it:\n\n```sh\n(.*?)```",
+                      readme, re.S).group(1)
+    where, commands = None, []
+    for line in block.splitlines():
+        if line.startswith("# on "):
+            where = "training" if "training" in line else "head"
+        elif line.strip():
+            commands.append((where, line))
+    return commands
+
+
+class RayOnHosts:
+    """The README's cluster on emulated hosts `head`, `a` and `b` (`hosts`; worker hosts of `types`), started by its
+    own commands in `tmp` (a pathlib folder); `easyscale(...)` runs a command on the head, as its user would."""
+
+    def __init__(self, hosts: Hosts, types, tmp):
+        self.hosts, self.types = hosts, dict(zip("ab", types))
+        self.head = self.hosts.address["head"]
+        home = tmp / "home"  # Ray's cloud probe stays off where it finds this file (../shared/RAY.md)
+        home.mkdir()
+        (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+        token = tmp / "ray_auth_token"
+        token.write_text("5e" * 32)
+        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+                                                                       "GLOO_SOCKET_IFNAME")}  # loopback's only
+        self.env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token",
+                        RAY_AUTH_TOKEN_PATH=str(token), EASYSCALE_HOME=str(tmp / "easyscale"), OMP_NUM_THREADS="1",
+                        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+        self.temp = tempfile.mkdtemp(prefix="esray")  # each host's Ray files (short: Unix socket paths)
+
+    def start(self, policy: str, *options: str) -> None:
+        """The README's commands up to `cluster start` (under `policy`, with `options`), on the hosts they name."""
+        for where, line in readme_block():
+            line = line.replace("HEAD", self.head)
+            if line.startswith("ray start") and where == "head":
+                self.hosts.run("head", shlex.split(line) + ["--node-ip-address", self.head, "--temp-dir",
+                                                            os.path.join(self.temp, "head")], env=self.env)
+            elif line.startswith("ray start"):
+                for host in "ab":
+                    self.start_ray(host)
+            elif line.startswith("easyscale cluster start"):
+                self.easyscale(*shlex.split(line)[1:-1], policy, *options)
+
+    def easyscale(self, *args, check=True, timeout=300) -> subprocess.CompletedProcess:
+        return self.hosts.run("head", ["easyscale", *args], env=self.env, check=check, timeout=timeout)
+
+    def submit(self, *args) -> str:
+        return self.easyscale("submit", *args).stdout.strip()
+
+    def wait(self, job: str, timeout_s: float = 600) -> dict:
+        """Until `job` has ended; its row of the job table."""
+        deadline = time.monotonic() + timeout_s
+        while (row := self.row(job))["state"] not in ("finished", "failed", "cancelled"):
+            assert time.monotonic() < deadline, row
+            time.sleep(1)
+        return row
+
+    def row(self, job: str) -> dict:
+        out = self.hosts.run("head", [sys.executable, "-c", READ_ROW, job], env=self.env)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    def holders(self, job: str) -> set:
+        """The worker hosts on which the job's processes have held slots."""
+        out = self.hosts.run("head", [sys.executable, "-c", READ_ALLOCATIONS, job], env=self.env)
+        host = {address: name for name, address in self.hosts.address.items()}
+        return {host[self.node_address[n]] for nodes in json.loads(out.stdout.splitlines()[-1]) for n in nodes}
+
+    @property
+    def node_address(self) -> dict:
+        """Each Ray node's address, by node id."""
+        return {node: address for node, (address, _) in self.nodes().items()}
+
+    def nodes(self) -> dict:
+        """Each Ray node's (address, alive), by node id, as Ray's head sees them."""
+        out = self.hosts.run("head", [sys.executable, "-c", READ_NODES, f"{self.head}:6379"], env=self.env)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    def start_ray(self, host: str) -> None:
+        """The README's command for a training machine, on `host` (again, as a machine's service manager would)."""
+        (line,) = [line for where, line in readme_block() if where == "training"]
+        line = line.replace("HEAD", self.head).replace('"easyscale_slot": 4, "easyscale_slot_a100": 4',
+                                                        f'"easyscale_slot": {SLOTS}, '
+                                                        f'"easyscale_slot_{self.types[host]}": {SLOTS}')
+        # Emulation only: one file system for three machines, and no default route, from which Ray reads a
+        # machine's address.
+        self.hosts.run(host, shlex.split(line) + ["--node-ip-address", self.hosts.address[host], "--temp-dir",
+                                                  os.path.join(self.temp, host)], env=self.env)
+
+
+STATE = "os.path.join(os.environ['EASYSCALE_HOME'], 'state', 'jobs.sqlite')"
+READ_ROW = ("import json, os, sys; from easyscale_ext.cluster.jobtable import JobTable; "
+            f"print(json.dumps(JobTable({STATE}).get(sys.argv[1]), default=str))")
+READ_NODES = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+              "print(json.dumps({n['NodeID']: (n['NodeManagerAddress'], n['Alive']) for n in ray.nodes()}))")
+READ_ALLOCATIONS = ("import json, os, sys; from easyscale_ext.cluster.jobtable import JobTable; "
+                    f"print(json.dumps([n for _, j, n in JobTable({STATE}).allocations() if j == sys.argv[1]]))")
 
 
 @pytest.fixture
