@@ -61,8 +61,9 @@ def argv(out: str, ckpt: str, n: int, steps: int):
 
 
 def stores_by_job(outs, fork_servers):
-    """{job's --out: the store each of its live processes talks to}: from /proc for fresh interpreters (a zombie has
-    no cmdline), from `fork_servers` (the nodes' NodeForkServer actors) for their children, each checked in /proc."""
+    """{job's --out: (the store, the pid) of each of its live processes}: from /proc for fresh interpreters (a zombie
+    has no cmdline), from `fork_servers` (the nodes' NodeForkServer actors) for their children, each checked in
+    /proc."""
     import ray
     from easyscale_ext.elastic.client import STORE_ENV
 
@@ -84,10 +85,10 @@ def stores_by_job(outs, fork_servers):
             continue
         processes.update((str(pid), seen) for pid, seen in forked.items() if read(pid, "cmdline"))
     found = {}
-    for argv, env in processes.values():
+    for pid, (argv, env) in processes.items():
         out = argv[argv.index("--out") + 1] if "--out" in argv else None
         if out in outs and STORE_ENV in env:
-            found.setdefault(out, []).append(env[STORE_ENV])
+            found.setdefault(out, []).append((env[STORE_ENV], int(pid)))
     return found
 
 
@@ -115,7 +116,7 @@ class Chaos:
             self.ids.append(job)
             self.outs[out] = job
         self.timeline = {job: [] for job in self.ids}  # job -> [(time, state, step)]
-        self.twice = []  # (time, job, stores): a job seen running under two stores at once
+        self.twice = []  # (time, job, [(store, pid)]): a job seen running under two stores at once
         self.most_processes = 0  # the most job processes the watcher saw at once (it sees them: more than 0)
         self.faults = []
         self.done = threading.Event()
@@ -155,9 +156,9 @@ class Chaos:
                                                  list((job["live"] or {}).get("members", []))))
             found = stores_by_job(self.outs, self.fork_servers())
             self.most_processes = max(self.most_processes, sum(map(len, found.values())))
-            for out, stores in found.items():
-                if len(set(stores)) > 1:
-                    self.twice.append((now, self.outs[out], sorted(set(stores))))
+            for out, seen in found.items():
+                if len({store for store, _ in seen}) > 1:  # which processes: to tell a lingering one's story
+                    self.twice.append((now, self.outs[out], sorted(seen)))
             time.sleep(0.25)
 
     def fork_servers(self):

@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import placement
 from .. import determinism
 from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
-from .worker import SlotWorker
+from .worker import SlotWorker, fork_server_name
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Process:
     withdrawn: bool = False  # told to leave before it was admitted, or lost so: its end is no failure of the script
     with_node: bool = False  # it went with its node
     retired: bool = False  # its slot's actor is ended (its slot free, its output kept on the head)
+    pid: Optional[ray.ObjectRef] = None  # its pid on its node, once its actor says
 
 
 def wait_until_gone(name: str) -> None:
@@ -218,6 +219,18 @@ class JobSupervisor:
                 f.write(output)
         ray.kill(worker)
 
+    def _end_orphan(self, process: Process) -> None:
+        """A process whose actor is gone: where its node is up, it lives on until the actor's process has ended
+        (seconds after Ray's verdict); its node's fork server ends it first, so that the job never runs twice."""
+        if not any(n["NodeID"] == process.node and n["Alive"] for n in ray.nodes()):
+            return  # gone with its node
+        try:
+            pid = ray.get(process.pid, timeout=0)
+            server = ray.get_actor(fork_server_name(process.node), namespace=NAMESPACE)
+            ray.get(server.end.remote(pid), timeout=30)
+        except (ray.exceptions.RayError, ValueError):  # never started (its actor died first), or its node went
+            pass
+
     def _kill(self, names: List[str]) -> None:
         """End these processes and wait for their ends, so that none outlives the job's end (a job resumed at once
         must never meet a process of its last incarnation); their slots come free."""
@@ -247,7 +260,7 @@ class JobSupervisor:
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
             [sys.executable] + self.argv, env, self._log_path(name), self.per_process)
         self.processes[name] = Process(node, actor, ProcessState.JOINING if joining else ProcessState.STARTING,
-                                       joiner=joining)
+                                       joiner=joining, pid=actor.pid.remote())
 
     def _supervise(self) -> None:
         while self.done is None:
@@ -277,9 +290,10 @@ class JobSupervisor:
                 code, process.withdrawn = -9, True
                 self.unreachable.add(process.node)
                 self.joiner_lost = True
-            except ray.exceptions.RayActorError:  # its node is gone, and the process with it
+            except ray.exceptions.RayActorError:  # its node is gone, and the process with it, or its actor was killed
                 code, process.withdrawn, process.with_node = -9, True, True  # a joiner lost so is no failure
                 self.joiner_lost |= process.joiner and name not in self.client.current_members(store)
+                self._end_orphan(process)
             if code is None:
                 continue
             self._exited(name, code)

@@ -55,6 +55,22 @@ class NodeForkServer:
             del self.children[pid]
         return code
 
+    def end(self, pid: int) -> None:
+        """Kill process `pid` of this node, with what it started, and wait until it is gone: a slot's process whose
+        actor Ray took for dead lives on until the actor's process has ended, seconds later under load."""
+        try:
+            ended = os.pidfd_open(pid)
+        except ProcessLookupError:
+            ended = None
+        if ended is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # its session, as SlotWorker.kill
+                select.select([ended], [], [])
+            finally:
+                os.close(ended)
+        if pid in self.children:  # this server's child: its exit code read, its record dropped
+            self.children.pop(pid)[0].wait()
+
     def running(self, variables: Sequence[str]) -> Dict[int, tuple]:
         """{pid: (argv, {name: value} of `variables` in its environment)} of each child still running: what /proc
         shows of a fresh interpreter (a forked child's /proc shows the fork server's command and environment)."""
