@@ -225,13 +225,13 @@ class RayOnHosts:
 
     def row(self, job: str) -> dict:
         out = self.hosts.run("head", [sys.executable, "-c", READ_ROW, job], env=self.env)
-        return json.loads(out.stdout.splitlines()[-1])
+        return printed(out.stdout)
 
     def holders(self, job: str) -> set:
         """The worker hosts on which the job's processes have held slots."""
         out = self.hosts.run("head", [sys.executable, "-c", READ_ALLOCATIONS, job], env=self.env)
         host = {address: name for name, address in self.hosts.address.items()}
-        return {host[self.node_address[n]] for nodes in json.loads(out.stdout.splitlines()[-1]) for n in nodes}
+        return {host[self.node_address[n]] for nodes in printed(out.stdout) for n in nodes}
 
     @property
     def node_address(self) -> dict:
@@ -241,7 +241,7 @@ class RayOnHosts:
     def nodes(self) -> dict:
         """Each Ray node's (address, alive), by node id, as Ray's head sees them."""
         out = self.hosts.run("head", [sys.executable, "-c", READ_NODES, f"{self.head}:6379"], env=self.env)
-        return json.loads(out.stdout.splitlines()[-1])
+        return printed(out.stdout)
 
     def start_ray(self, host: str) -> None:
         """The README's command for a training machine, on `host` (again, as a machine's service manager would)."""
@@ -255,13 +255,21 @@ class RayOnHosts:
                                                   os.path.join(self.temp, host)], env=self.env)
 
 
+def printed(stdout: str):
+    """What a READ_* program printed: its one line that starts with OUT (Ray may print lines of its own)."""
+    return json.loads(next(line for line in reversed(stdout.splitlines()) if line.startswith(OUT))[len(OUT):])
+
+
+OUT = "json: "
 STATE = "os.path.join(os.environ['EASYSCALE_HOME'], 'state', 'jobs.sqlite')"
 READ_ROW = ("import json, os, sys; from easyscale_ext.cluster.jobtable import JobTable; "
-            f"print(json.dumps(JobTable({STATE}).get(sys.argv[1]), default=str))")
+            f"print('{OUT}' + json.dumps(JobTable({STATE}).get(sys.argv[1]), default=str))")
 READ_NODES = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-              "print(json.dumps({n['NodeID']: (n['NodeManagerAddress'], n['Alive']) for n in ray.nodes()}))")
+              f"print('{OUT}' + json.dumps({{n['NodeID']: (n['NodeManagerAddress'], n['Alive']) "
+              "for n in ray.nodes()}))")
 READ_ALLOCATIONS = ("import json, os, sys; from easyscale_ext.cluster.jobtable import JobTable; "
-                    f"print(json.dumps([n for _, j, n in JobTable({STATE}).allocations() if j == sys.argv[1]]))")
+                    f"print('{OUT}' + json.dumps([n for _, j, n in JobTable({STATE}).allocations() "
+                    "if j == sys.argv[1]]))")
 
 
 @pytest.fixture
