@@ -302,11 +302,10 @@ class JobSupervisor:
             self._retire(name)
             if code > 0 and self.error is None:
                 self.error = f"{name}: {last_line(self._log_path(name))}"
-        if self.error is not None and store.progress() is None and any(
-                not p.joiner and p.exit_code is not None and p.exit_code > 0 for p in processes.values()):
+        failed = next((p.exit_code for p in processes.values() if not p.joiner and (p.exit_code or 0) > 0), None)
+        if failed is not None and store.progress() is None:
             # One of the first processes failed before the job's first step: the others would wait for it in the
             # first group until its timeout, and the same script on slots of the same kind fails the same way.
-            failed = next(p.exit_code for p in processes.values() if not p.joiner and (p.exit_code or 0) > 0)
             self._kill([w for w, p in processes.items() if p.state != ProcessState.GONE])
             self.done, self.done_at = failed, time.time()
             return
