@@ -30,21 +30,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from support.hosts import Hosts, RayOnHosts, unavailable  # noqa: E402
-from support.jobs import JOB, reference  # noqa: E402
+from support.jobs import JOB, logged_steps as steps, reference  # noqa: E402
 from support.sockets import listening_of  # noqa: E402
 
 KINDS = ("cut", "short-cut", "partition", "freeze", "head-restart")
 STEPS = 60
 BOUND_S = 300  # what any phase may take before the run is called failed
-
-
-def steps(times: pathlib.Path) -> list:
-    """(worker, step, time, its virtual workers) of every step logged (train_job's --log-times)."""
-    out = []
-    for line in times.read_text().splitlines() if times.exists() else []:
-        worker, step, at, local = line.split()[:4]
-        out.append((worker, int(step), float(at), int(local)))
-    return out
 
 
 def until(condition, what: str, bound_s: float = BOUND_S) -> float:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from support.hosts import SLOTS, RayOnHosts, readme_block
-from support.jobs import JOB, START_S, reference
+from support.jobs import JOB, START_S, logged_steps, reference
 from support.sockets import listening_of
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -64,9 +64,8 @@ def test_the_readme_commands_across_three_hosts_train_over_their_links(hosts, tm
 def steps(times) -> dict:
     """The steps each process has logged (train_job's --log-times), by worker id."""
     logged = {}
-    for line in times.read_text().splitlines() if times.exists() else []:
-        worker, step = line.split()[:2]
-        logged.setdefault(worker, []).append(int(step))
+    for worker, step, _, _ in logged_steps(times):
+        logged.setdefault(worker, []).append(step)
     return logged
 
 

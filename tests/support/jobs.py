@@ -214,3 +214,13 @@ def in_readme(path: str) -> bool:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "README.md")) as f, open(path) as g:
         return g.read() in f.read()
+
+
+def logged_steps(times) -> list:
+    """(worker, step, time, its virtual workers) of every step train_job.py logged to `times` (--log-times, a
+    pathlib path; none before it exists)."""
+    out = []
+    for line in times.read_text().splitlines() if times.exists() else []:
+        worker, step, at, local = line.split()[:4]
+        out.append((worker, int(step), float(at), int(local)))
+    return out
