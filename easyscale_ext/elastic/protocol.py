@@ -204,7 +204,12 @@ class JobStore:
 
     # -- replicated contexts ------------------------------------------------------------------------------------
     def replicate(self, slot: int, tag: bytes, contexts: Dict[int, bytes]) -> None:
-        self.store.multi_set([f"live/{slot}/ctx/{v}" for v in contexts], [tag + ctx for ctx in contexts.values()])
+        """Write the contexts, and return once the store holds them. TCPStore's sets are not answered: one to a
+        store that cannot be reached (a link partitioned) lands in the socket's buffer and returns, and the
+        step would complete unreplicated. A query on the same connection is answered after the sets before it."""
+        keys = [f"live/{slot}/ctx/{v}" for v in contexts]
+        self.store.multi_set(keys, [tag + ctx for ctx in contexts.values()])
+        self.store.check(keys[-1:])
 
     def replica(self, slot: int, v: int) -> Optional[bytes]:
         key = f"live/{slot}/ctx/{v}"

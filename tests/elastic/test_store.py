@@ -2,8 +2,10 @@
 keeps its job's keys under a secret only the job's processes and its owner's tools hold."""
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -112,6 +114,7 @@ def test_only_the_jobs_processes_and_its_owners_tools_reach_its_keys(tmp_path, m
 # What a stranger's own store client can do: read the job's keys (it sees none) and write its requests' keys.
 STRANGER = """
 import sys
+import threading
 from datetime import timedelta
 import torch.distributed as dist
 store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, timeout=timedelta(seconds=10))
@@ -120,3 +123,27 @@ store.set("target", "1")
 store.append("releases", "w1\\n")
 store.set("split", "[3, 1]")
 """
+
+
+def test_a_replication_returns_only_once_the_store_holds_it():
+    """A step must not complete before its contexts are in the store (recovery reads them there): TCPStore answers
+    no set, so a write to a store that cannot answer (its host partitioned away; here, stopped) would return at once
+    and the step go on unreplicated."""
+    server = subprocess.Popen([sys.executable, "-c", "import time; from easyscale_ext.elastic.client import serve; "
+                               "store = serve('127.0.0.1'); print(store.port, flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        address = f"127.0.0.1:{server.stdout.readline().strip()}"
+        store = connect(address, timeout_s=60)
+        os.kill(server.pid, signal.SIGSTOP)
+        writer = threading.Thread(target=store.replicate, args=(0, b"7 0 0\n", {0: b"context"}))
+        writer.start()
+        writer.join(2)
+        assert writer.is_alive(), "replicate returned while the store could not have taken the contexts"
+        os.kill(server.pid, signal.SIGCONT)
+        writer.join(60)
+        assert not writer.is_alive()
+        assert connect(address, timeout_s=5).replica(0, 0) == b"7 0 0\ncontext"
+    finally:
+        server.kill()
+        server.wait()
