@@ -42,6 +42,9 @@ class Replicas:
         """Contexts at the end of `step` into the store, tagged with the step and the order they were written
         in (generation, then this process's count: a worker has one owner in a generation). Slots go in turn,
         not by step: steps under no_sync() replicate nothing."""
+        if self.store.is_lost(self.membership.id):  # stopped or cut off, then left out: a stale write could
+            # take the slot of a newer replica of these workers, written by the processes that now run them
+            raise MemberLost(f"{self.membership.id} was taken for lost and the job went on without it")
         slot = self._written % CONTEXT_SLOTS
         tag = f"{step} {self.membership.generation} {self._written}\n".encode()
         self._written += 1

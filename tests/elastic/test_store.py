@@ -12,7 +12,9 @@ import pytest
 
 from easyscale_ext.elastic.client import (SECRET_ENV, NotTheJobsSecret, connect, current_members, new_secret,
                                           request_scale, save_secret, secret_file, serve)
+from easyscale_ext.elastic.membership import MemberLost, Membership
 from easyscale_ext.elastic.protocol import hosted
+from easyscale_ext.elastic.recovery import Replicas
 from easyscale_ext.elastic.launcher import ElasticLauncher
 from support.jobs import JOB, reference
 from support.sockets import listening
@@ -147,3 +149,19 @@ def test_a_replication_returns_only_once_the_store_holds_it():
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_process_taken_for_lost_replicates_nothing():
+    """A process stopped or cut off while the others went on without it must not write a replica when it runs again:
+    it would take the slot of a newer replica of its workers, written by the processes that now run them."""
+    store = serve("127.0.0.1")
+    member = Membership(f"127.0.0.1:{store.port}", "w2", "gloo", timeout_s=30, liveness_s=5)
+    try:
+        replicas = Replicas(member)
+        replicas.write({2: b"at 7"}, step=7)
+        member.store.mark_lost("w2", "0")
+        with pytest.raises(MemberLost, match="taken for lost"):
+            replicas.write({2: b"at 8"}, step=8)
+        assert replicas.context(2, 8) == (None, [7])
+    finally:
+        member.close()
