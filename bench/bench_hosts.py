@@ -6,6 +6,7 @@ scheduler, with Ray's token authentication on), struck once a run by one kind of
     short cut     b's link goes down for 2 s, below the job's liveness bound (5 s)
     partition     the head and b lose what they send each other, b still reaches a, until Ray takes b for dead
     freeze        every process on b stopped (SIGSTOP) until Ray takes b for dead, then let go (SIGCONT)
+    kill          every process on b killed (a machine that crashed: its peers' connections are reset)
     head restart  every process on the head killed (the scheduler and the job's store with them); the machines'
                   Ray started again, as their service managers would, then `easyscale cluster start`
 
@@ -13,10 +14,13 @@ The job: tests/support/train_job.py, 4 virtual workers on 4 processes (two a hos
 has played out. Measured from the fault (t = 0): `regrouped`, when the job's members leave b's processes out (its
 supervisor's report); `trains`, when a process of the new arrangement logs its first step; `ray dead`, when Ray's
 head takes b for dead; `stale end`, after the link or the processes come back, when b's processes have ended. Checked:
-the job ends finished with its fixed-size SHA-256, and b's processes log no step after the fault (nothing from a
-stale generation). Medians of --runs runs a kind; exit status 1 if a check failed.
+the job ends finished with its fixed-size SHA-256, and b's processes log no step after the one in flight at the
+fault (nothing trained by a stale generation; a process stopped between a step and its log line writes that line
+when it runs again). Medians of --runs runs a kind; exit status 1 if a check failed. `--loopback`: the same hosts
+as addresses of one machine's loopback (127.0.0.x), where every local cluster runs and a link cannot be cut: the
+kinds freeze, kill and head restart, to set beside the same faults across hosts.
 
-    .venv/bin/python bench/bench_hosts.py [--kinds cut,short-cut,...] [--runs 3] [--json FILE]
+    .venv/bin/python bench/bench_hosts.py [--kinds cut,short-cut,...] [--runs 3] [--loopback] [--json FILE]
 """
 import argparse
 import json
@@ -33,7 +37,8 @@ from support.hosts import Hosts, RayOnHosts, unavailable  # noqa: E402
 from support.jobs import JOB, logged_steps as steps, reference  # noqa: E402
 from support.sockets import listening_of  # noqa: E402
 
-KINDS = ("cut", "short-cut", "partition", "freeze", "head-restart")
+KINDS = ("cut", "short-cut", "partition", "freeze", "kill", "head-restart")
+ON_LOOPBACK = ("freeze", "kill", "head-restart")
 STEPS = 60
 BOUND_S = 300  # what any phase may take before the run is called failed
 
@@ -48,8 +53,8 @@ def until(condition, what: str, bound_s: float = BOUND_S) -> float:
     return time.time()
 
 
-def run_once(kind: str, work: pathlib.Path) -> dict:
-    hosts, job = Hosts(["head", "a", "b"]), None
+def run_once(kind: str, work: pathlib.Path, loopback: bool) -> dict:
+    hosts, job, place = Hosts(["head", "a", "b"], loopback=loopback), None, "loopback" if loopback else "hosts"
     try:
         cluster = RayOnHosts(hosts, ["a100", "a100"], work)
         cluster.start("fifo", "--round", "2")
@@ -64,7 +69,7 @@ def run_once(kind: str, work: pathlib.Path) -> dict:
         on_b = {m for m, n in zip(live["members"], live["nodes"]) if where[cluster.node_address[n]] == "b"}
         b_node = next(n for n, (address, _) in cluster.nodes().items() if address == hosts.address["b"])
         t0 = time.time()
-        result = {"kind": kind}
+        result = {"kind": kind, "where": place}
 
         def since(at):
             return None if at is None else round(at - t0, 2)
@@ -104,25 +109,30 @@ def run_once(kind: str, work: pathlib.Path) -> dict:
         else:
             fault, mend = {"cut": (lambda: hosts.cut("b"), lambda: hosts.heal("b")),
                            "partition": (lambda: hosts.partition("head", "b"), lambda: hosts.mend("head", "b")),
-                           "freeze": (lambda: hosts.freeze("b"), lambda: hosts.thaw("b"))}[kind]
+                           "freeze": (lambda: hosts.freeze("b"), lambda: hosts.thaw("b")),
+                           "kill": (lambda: hosts.kill("b"), None)}[kind]
             fault()
             result["regrouped"] = since(until(regrouped, "regrouping"))
             until(new_steps, "a step without b")
             result["trains"] = since(min(new_steps()))  # as the step's process logged it
             result["ray dead"] = since(until(b_dead, "Ray taking b for dead"))
-            before = [(w, s) for w, s, _, _ in steps(times) if w in on_b]
-            mended = time.time()
-            mend()
-            result["stale end"] = round(until(b_jobs_gone, "b's processes ended") - mended, 2)
-            result["stale steps"] = len([(w, s) for w, s, _, _ in steps(times) if w in on_b]) - len(before)
-            cluster.start_ray("b")  # its Ray ended itself on learning it was taken for dead
+            if mend is not None:
+                mended = time.time()
+                mend()
+                result["stale end"] = round(until(b_jobs_gone, "b's processes ended") - mended, 2)
+                # A step b's processes log after the fault is the one then in flight at most (completed with a's
+                # before the fault, its line written after the thaw): any later one was trained without the job.
+                in_flight = max(s for _, s, at, _ in steps(times) if at <= t0) + 1
+                result["stale steps"] = len([s for w, s, at, _ in steps(times)
+                                             if w in on_b and at > t0 and s > in_flight])
+            cluster.start_ray("b")  # its Ray ended itself on learning it was taken for dead, or was killed
         fast.touch()
         result["state"] = cluster.wait(job)["state"]
         result["bits equal"] = out.exists() and out.read_text() == reference(n=4, steps=STEPS)
         return result
     except TimeoutError as e:  # what the job and its processes were doing, to read after the run
         row = cluster.row(job) if job else None
-        return {"kind": kind, "state": f"stuck: {e}", "bits equal": False,
+        return {"kind": kind, "where": place, "state": f"stuck: {e}", "bits equal": False,
                 "job": row and {k: row[k] for k in ("state", "note", "live", "nodes")},
                 "last steps": steps(work / "times")[-8:]}
     finally:
@@ -131,14 +141,18 @@ def run_once(kind: str, work: pathlib.Path) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kinds", default=",".join(KINDS), help=f"faults, of {', '.join(KINDS)}")
+    ap.add_argument("--kinds", help=f"faults, of {', '.join(KINDS)} (default: all; on a loopback "
+                                    f"{', '.join(ON_LOOPBACK)})")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--loopback", action="store_true", help="the hosts on one machine's loopback")
     ap.add_argument("--json", help="write every run's figures here")
     args = ap.parse_args()
-    kinds = args.kinds.split(",")
-    unknown = sorted(set(kinds) - set(KINDS))
+    kinds = args.kinds.split(",") if args.kinds else list(ON_LOOPBACK if args.loopback else KINDS)
+    choices = ON_LOOPBACK if args.loopback else KINDS
+    unknown = sorted(set(kinds) - set(choices))
     if unknown:
-        ap.error(f"unknown fault kinds {unknown}: choose from {', '.join(KINDS)}")
+        ap.error(f"fault kinds {unknown} are not among those {'a loopback has' if args.loopback else 'known'}: "
+                 f"choose from {', '.join(choices)}")
     why = unavailable()
     if why:
         raise SystemExit(f"bench_hosts: {why}")
@@ -146,10 +160,11 @@ def main():
     for kind in kinds:
         for i in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="bench-hosts-") as work:
-                runs.append(run_once(kind, pathlib.Path(work)))
+                runs.append(run_once(kind, pathlib.Path(work), args.loopback))
             print(json.dumps(runs[-1], default=str), flush=True)
     columns = ("regrouped", "trains", "ray dead", "stale end", "stale steps", "lost", "longest step gap")
-    print("\n| fault | runs | " + " | ".join(f"{c}, s" if c not in ("stale steps", "lost") else c for c in columns)
+    print(f"\n{'On one loopback' if args.loopback else 'Across hosts'}:\n\n| fault | runs | "
+          + " | ".join(f"{c}, s" if c not in ("stale steps", "lost") else c for c in columns)
           + " | finished, bits equal |")
     print("|---|---:|" + "---:|" * len(columns) + "---|")
     failed = False

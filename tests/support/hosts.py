@@ -5,8 +5,10 @@ an address of the benchmarking range 198.18.0.0/15, with no route out: its proce
 link, and nothing else. The file system, /dev/shm and the process table stay shared. A host can be cut off with
 nothing killed, as a link that drops: `cut` takes its link down (silence both ways: no reset, no error), `partition`
 drops what two hosts send each other, in one direction or both, while each still reaches the rest (their frames go
-to a hardware address nobody has), and `freeze` stops every process in it (SIGSTOP). `Hosts.close` kills whatever
-ran in its namespaces and removes them and the bridge, also when a test fails or is interrupted. Needs root and
+to a hardware address nobody has), and `freeze` stops every process in it (SIGSTOP). `Hosts(names, loopback=True)`
+puts the hosts on one machine's loopback instead (127.0.0.(i + 1), one namespace of their own), where every local
+cluster runs: faults there are kills and freezes only. `Hosts.close` kills whatever ran in its namespaces and
+removes them and the bridge, also when a test fails or is interrupted. Needs root and
 iproute2; `hosts` (the pytest fixture of the tests that use it) skips with the reason where either is missing.
 `RayOnHosts` starts the README's across-machines cluster on such hosts, with its own commands.
 """
@@ -27,6 +29,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLOTS = 2  # per training host of RayOnHosts
+HOST_VARIABLE = "EASYSCALE_EMULATED_HOST"  # marks the processes of each host, for those sharing a namespace
 NOBODY = "02:00:00:00:00:00"  # a locally administered hardware address no interface here has: frames to it vanish
 
 
@@ -43,16 +46,26 @@ def unavailable() -> Optional[str]:
 
 
 class Hosts:
-    """`names` hosts on one bridge, the i-th at 198.18.0.(i + 1)."""
+    """`names` hosts on one bridge, the i-th at 198.18.0.(i + 1); with `loopback`, at 127.0.0.(i + 1) on one
+    machine's loopback."""
 
-    def __init__(self, names: List[str]):
+    def __init__(self, names: List[str], loopback: bool = False):
         tag = secrets.token_hex(2)  # names of their own: tests on two pytest workers run side by side
         self.bridge = f"esb{tag}"
+        self.loopback = loopback
         self.address: Dict[str, str] = {}
         self.namespace: Dict[str, str] = {}
         self.link: Dict[str, str] = {}  # host -> its veth end on the bridge (what `cut` takes down)
         self.processes: List[subprocess.Popen] = []
         try:
+            if loopback:
+                _ip("netns", "add", f"es{tag}-lo")
+                _ip("-n", f"es{tag}-lo", "link", "set", "lo", "up")
+                for i, name in enumerate(names):
+                    self.namespace[name], self.address[name] = f"es{tag}-lo", f"127.0.0.{i + 1}"
+                    if i:  # held by lo, as a machine's address is by its interface (gloo binds to that)
+                        _ip("-n", f"es{tag}-lo", "addr", "add", f"127.0.0.{i + 1}/32", "dev", "lo")
+                return
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("link", "set", self.bridge, "up")
             for i, name in enumerate(names):
@@ -76,8 +89,8 @@ class Hosts:
 
     # -- running things there ---------------------------------------------------------------------------------
     def argv(self, host: str, argv: List[str]) -> List[str]:
-        """`argv` as run on `host`."""
-        return ["ip", "netns", "exec", self.namespace[host], *argv]
+        """`argv` as run on `host`, marked as its in an environment variable every process it starts inherits."""
+        return ["ip", "netns", "exec", self.namespace[host], "env", f"{HOST_VARIABLE}={host}", *argv]
 
     def run(self, host: str, argv: List[str], env: Optional[dict] = None, timeout: float = 300,
             check: bool = True) -> subprocess.CompletedProcess:
@@ -95,20 +108,27 @@ class Hosts:
         return proc
 
     def pids(self, host: str) -> List[int]:
-        """Every process in `host`'s namespace (whatever started it there: daemons too)."""
-        out = subprocess.run(["ip", "netns", "pids", self.namespace[host]], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
+        """Every process on `host` (whatever started it there: daemons too): in its namespace, and on a loopback
+        with its mark."""
+        pids = _namespace_pids(self.namespace[host])
+        return [pid for pid in pids if _host_of(pid) == host] if self.loopback else pids
 
     # -- faults -----------------------------------------------------------------------------------------------
     def cut(self, host: str) -> None:
         """`host`'s link goes down: what it sends and what is sent to it is lost, and nobody is told."""
-        _ip("link", "set", self.link[host], "down")
+        _ip("link", "set", self._link(host), "down")
 
     def heal(self, host: str) -> None:
-        _ip("link", "set", self.link[host], "up")
+        _ip("link", "set", self._link(host), "up")
+
+    def _link(self, host: str) -> str:
+        if self.loopback:
+            raise ValueError("hosts on one loopback have no link of their own to cut or partition: kill or freeze")
+        return self.link[host]
 
     def partition(self, a: str, b: str, both: bool = True) -> None:
         """What `a` sends `b` is lost (and what `b` sends `a`, with `both`); each still reaches every other host."""
+        self._link(a)
         for src, dst in [(a, b), (b, a)][:2 if both else 1]:
             _ip("-n", self.namespace[src], "neigh", "replace", self.address[dst], "lladdr", NOBODY, "dev", "eth0",
                 "nud", "permanent")
@@ -132,10 +152,7 @@ class Hosts:
 
     def _signal(self, host: str, sig: int) -> None:
         for pid in self.pids(host):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:  # ended meanwhile
-                pass
+            _signal(pid, sig)
 
     def close(self) -> None:
         """Kill everything that ran on the hosts, and remove them and the bridge."""
@@ -148,13 +165,37 @@ class Hosts:
             except subprocess.TimeoutExpired:  # not in a namespace any more? then it is ours to kill
                 proc.kill()
         deadline = time.monotonic() + 30
-        for host, namespace in self.namespace.items():
-            while self.pids(host) and time.monotonic() < deadline:
-                self.kill(host)
+        for namespace in set(self.namespace.values()):
+            while (pids := _namespace_pids(namespace)) and time.monotonic() < deadline:
+                for pid in pids:
+                    _signal(pid, signal.SIGKILL)
                 time.sleep(0.1)
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)  # its veth ends go with the hosts
         self.namespace.clear()
+
+
+def _namespace_pids(namespace: str) -> List[int]:
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _host_of(pid: int) -> Optional[str]:
+    """The host a process was started on, from the mark in its environment (None: ended, or unmarked)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            variables = f.read().split(b"\0")
+    except OSError:
+        return None
+    mark = f"{HOST_VARIABLE}=".encode()
+    return next((v[len(mark):].decode() for v in variables if v.startswith(mark)), None)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # ended meanwhile
+        pass
 
 
 def _ip(*args: str) -> None:
