@@ -42,6 +42,8 @@ _PUBLIC = {
     "canonical_sum": "ops",
     "canonical_sum_lists": "ops",
     "fold_": "ops",
+    "fold_plan_": "ops",
+    "plan_of": "ops",
     "group_norms": "ops",
     "ElasticMember": "elastic.member",
     "Checkpointer": "elastic.checkpoint",

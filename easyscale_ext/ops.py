@@ -4,7 +4,7 @@ Each wrapper calls torch.ops.easyscale.*; fake kernels below let the ops
 trace under torch.compile. All results depend only on the values and the
 number of inputs, never on thread count, device or block size.
 """
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -47,6 +47,20 @@ def fold_(acc: Sequence[torch.Tensor], src: Sequence[torch.Tensor], scale: float
     _ops.fold_(list(acc), list(src), float(scale), bool(accumulate), None if frozen is None else list(frozen))
 
 
+def fold_plan_(out: torch.Tensor, pushed: Sequence[torch.Tensor], plan: Sequence[int], result: int) -> None:
+    """out = slot `result` after a fold plan, in one pass: what applying the plan's operations with fold_ one by one
+    (scale 1) leaves there, bit for bit, with no slot buffers. `plan`: flat (push, dst, src, accumulate) quadruples
+    in order, as `plan_of` makes them from FoldStack pushes; `pushed` and `out`: float32 or float64, one size."""
+    if len(pushed) == 0:
+        raise ValueError("fold_plan_ needs at least one pushed tensor")
+    _ops.fold_plan_(out, list(pushed), list(plan), int(result))
+
+
+def plan_of(pushes: Sequence[Sequence]) -> List[int]:
+    """The flat plan of fold_plan_ from the operations FoldStack.push returned, push by push."""
+    return [x for j, ops in enumerate(pushes) for op in ops for x in (j, op.dst, op.src, int(op.accumulate))]
+
+
 def group_norms(tensors: Sequence[torch.Tensor], group_of: Sequence[int], num_groups: int) -> torch.Tensor:
     """L2 norm of each group of tensors (e.g. a layer's gradients) in a fixed order.
 
@@ -71,6 +85,11 @@ def _canonical_sum_fake(inputs, k, out_dtype=None):
 
 @torch.library.register_fake("easyscale::fold_")
 def _fold_fake(acc, src, scale, accumulate, frozen=None):
+    return None
+
+
+@torch.library.register_fake("easyscale::fold_plan_")
+def _fold_plan_fake(out, pushed, plan, result):
     return None
 
 

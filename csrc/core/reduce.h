@@ -28,6 +28,19 @@ void canonical_sum_cpu(DType in, DType out, const TensorList& list, int num_thre
 // outputs in Acc<in>. k must be 1. The streaming step of a FoldStack.
 void fold_cpu(DType in, const TensorList& list, double scale, bool accumulate, int num_threads);
 
+// One operation of a fold plan (a FoldStack's operations over several pushes, in order): slot[dst] =
+// (accumulate ? slot[dst] + v : v), where v is pushed buffer `push` (src == FoldOp::kPushed) or slot[src].
+struct PlanOp {
+  int32_t push, dst, src, accumulate;
+};
+constexpr int kMaxPlanSlots = 64;  // a FoldStack over n leaves holds at most log2(n) + 1
+
+// out = slot[result] after applying `plan` to every element: what the plan's fold launches compute one by
+// one at scale 1, bit for bit, reading each pushed buffer once and writing `out` once (no slot buffers).
+// pushed[j] and out hold `numel` elements of `acc` (F32 or F64).
+void fold_plan_cpu(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
+                   const std::vector<PlanOp>& plan, int result, int num_threads);
+
 // norms[g] = sqrt(canonical tree over the tensors of group g, in list order,
 // of each tensor's canonical tree over its squared elements), in Acc<in>.
 // group_of[t] in [0, num_groups); inputs only (k == 1, outputs unused).
@@ -47,6 +60,8 @@ struct CudaLaunch {
 };
 void canonical_sum_cuda(DType in, DType out, const TensorList& list, const CudaLaunch& launch);
 void fold_cuda(DType in, const TensorList& list, double scale, bool accumulate, const CudaLaunch& launch);
+void fold_plan_cuda(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
+                    const std::vector<PlanOp>& plan, int result, const CudaLaunch& launch);
 // `scratch` holds group_norms_scratch_bytes(...) bytes of device memory.
 int64_t group_norms_scratch_bytes(DType in, const TensorList& list);
 void group_norms_cuda(DType in, const TensorList& list, const std::vector<int32_t>& group_of,
@@ -64,6 +79,7 @@ void dispatch_dtype(DType t, F&& f) {
 
 // Checks shared by both backends; throws std::invalid_argument.
 void check_list(const TensorList& list, const char* op);
+void check_plan(DType acc, const std::vector<PlanOp>& plan, int64_t pushes, int result);
 
 // CPU threads take tensors in chunks of this many elements;
 // the association never depends on it.

@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "canonical_tree.h"
 #include "reduce.h"
 
 namespace es {
@@ -16,6 +18,25 @@ void check_list(const TensorList& list, const char* op) {
                                 std::to_string(list.outputs.size()));
   if (list.k > (int64_t(1) << 32))
     throw std::invalid_argument(std::string(op) + ": at most 2^32 inputs per tensor");
+}
+
+void check_plan(DType acc, const std::vector<PlanOp>& plan, int64_t pushes, int result) {
+  if (acc != DType::F32 && acc != DType::F64)
+    throw std::invalid_argument(std::string("fold_plan: partial sums are float32 or float64, got ") + dtype_name(acc));
+  bool written[kMaxPlanSlots] = {};
+  auto slot_ok = [](int s) { return s >= 0 && s < kMaxPlanSlots; };
+  for (const PlanOp& op : plan) {
+    const bool pushed = op.src == FoldOp::kPushed;
+    if (!slot_ok(op.dst) || (!pushed && !slot_ok(op.src)) || (pushed && (op.push < 0 || op.push >= pushes)))
+      throw std::invalid_argument("fold_plan: an operation names a slot outside [0, " + std::to_string(kMaxPlanSlots) +
+                                  ") or a push outside [0, " + std::to_string(pushes) + ")");
+    if ((op.accumulate && !written[op.dst]) || (!pushed && !written[op.src]))
+      throw std::invalid_argument("fold_plan: an operation reads slot " + std::to_string(op.accumulate ? op.dst : op.src) +
+                                  " before any operation wrote it");
+    written[op.dst] = true;
+  }
+  if (!slot_ok(result) || !written[result])
+    throw std::invalid_argument("fold_plan: no operation writes the result slot " + std::to_string(result));
 }
 
 namespace {
@@ -110,6 +131,36 @@ void fold_cpu(DType in, const TensorList& list, double scale, bool accumulate, i
       A* acc = static_cast<A*>(list.outputs[c.tensor]);
       for (int64_t i = c.begin; i < c.end; ++i) acc[i] = fold_leaf<A>(acc[i], to_acc(src[i]), s, accumulate);
     });
+  });
+}
+
+void fold_plan_cpu(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
+                   const std::vector<PlanOp>& plan, int result, int num_threads) {
+  check_plan(acc, plan, static_cast<int64_t>(pushed.size()), result);
+  dispatch_dtype(acc, [&](auto tag) {
+    using A = decltype(tag);
+    if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {
+      int slots = result + 1;
+      for (const PlanOp& op : plan) slots = std::max({slots, op.dst + 1, op.src + 1});
+      A* dst = static_cast<A*>(out);
+      // Runs of kRunWidth elements, their slots a small tile that stays in cache: each op a vector loop.
+      parallel_chunks(chunks_of({numel}, kChunk), num_threads, [&](const Chunk& c) {
+        std::vector<A> tile(static_cast<size_t>(slots) * kRunWidth);
+        for (int64_t at = c.begin; at < c.end; at += kRunWidth) {
+          const int64_t width = std::min<int64_t>(kRunWidth, c.end - at);
+          for (const PlanOp& op : plan) {
+            A* d = tile.data() + op.dst * kRunWidth;
+            const A* v = op.src == FoldOp::kPushed ? static_cast<const A*>(pushed[op.push]) + at
+                                                   : tile.data() + op.src * kRunWidth;
+            if (op.accumulate)
+              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(d[i], v[i], A(1), true);
+            else
+              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(A(0), v[i], A(1), false);
+          }
+          std::copy_n(tile.data() + result * kRunWidth, width, dst + at);
+        }
+      });
+    }
   });
 }
 

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "context_store.h"
 #include "device_backend.h"
+#include "canonical_tree.h"
 #include "reduce.h"
 
 using namespace es;
@@ -59,6 +60,35 @@ std::vector<char> random_bytes(DType t, int64_t n, uint32_t seed) {
 DType acc_of(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
 }  // namespace
+
+TEST(fold_plan_matches_cpu) {
+  // The top of the tree over 12 leaves on 5 processes: pushes of uneven nodes, several slots.
+  FoldStack top(12);
+  std::vector<PlanOp> plan;
+  int32_t push = 0;
+  for (int64_t p = 0; p < 5; ++p)
+    for (const Range& r : local_roots(12 * p / 5, 12 * (p + 1) / 5, 12)) {
+      for (const FoldOp& op : top.push(r)) plan.push_back({push, op.dst, op.src, op.accumulate});
+      ++push;
+    }
+  for (DType t : {DType::F32, DType::F64}) {
+    const int64_t numel = 70000;
+    std::vector<std::vector<char>> host;
+    std::vector<std::unique_ptr<DeviceBuffer>> dev;
+    std::vector<const void*> cpu_in, gpu_in;
+    for (int32_t j = 0; j < push; ++j) {
+      host.push_back(random_bytes(t, numel, 31 + j));
+      dev.push_back(std::make_unique<DeviceBuffer>(host.back().data(), host.back().size()));
+      cpu_in.push_back(host.back().data());
+      gpu_in.push_back(dev.back()->ptr);
+    }
+    std::vector<char> cpu_out(numel * dtype_size(t));
+    DeviceBuffer gpu_out(nullptr, cpu_out.size());
+    fold_plan_cpu(t, cpu_in, cpu_out.data(), numel, plan, top.slots()[0], 2);
+    fold_plan_cuda(t, gpu_in, gpu_out.ptr, numel, plan, top.slots()[0], kLaunch);
+    CHECK(gpu_out.to_host() == cpu_out);
+  }
+}
 
 TEST(canonical_sum_and_fold_match_cpu) {
   // k: one leaf block, a full one, tails after one and two blocks, and a

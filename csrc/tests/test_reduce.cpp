@@ -111,6 +111,59 @@ TEST(fold_start_and_accumulate) {
   CHECK(acc[0] == 1.5f && acc[2] == 3.0f);
 }
 
+// The top of the tree over n leaves split evenly over `procs` processes: every process's local roots pushed
+// in order. Returns the plan; `result` gets the slot holding the root.
+static std::vector<PlanOp> top_plan(int64_t n, int64_t procs, int64_t* pushes, int* result) {
+  FoldStack top(n);
+  std::vector<PlanOp> plan;
+  int32_t push = 0;
+  for (int64_t p = 0; p < procs; ++p)
+    for (const Range& r : local_roots(n * p / procs, n * (p + 1) / procs, n)) {
+      for (const FoldOp& op : top.push(r)) plan.push_back({push, op.dst, op.src, op.accumulate});
+      ++push;
+    }
+  *pushes = push;
+  *result = top.slots()[0];
+  return plan;
+}
+
+TEST(fold_plan_equals_its_folds_one_by_one) {
+  for (auto [n, procs] : std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {7, 3}, {12, 5}, {64, 64}, {1000, 7}}) {
+    int64_t pushes = 0;
+    int result = 0;
+    const std::vector<PlanOp> plan = top_plan(n, procs, &pushes, &result);
+    const int64_t numel = 1000;  // runs of 256 and a tail
+    std::vector<std::vector<float>> pushed;
+    std::vector<const void*> pointers;
+    for (int64_t j = 0; j < pushes; ++j) {
+      pushed.push_back(spiky(numel, 100 + j));
+      pointers.push_back(pushed.back().data());
+    }
+    std::vector<std::vector<float>> slots(kMaxPlanSlots, std::vector<float>(numel));
+    for (const PlanOp& op : plan) {
+      TensorList list;
+      list.inputs = {op.src == FoldOp::kPushed ? pushed[op.push].data() : slots[op.src].data()};
+      list.outputs = {slots[op.dst].data()};
+      list.numels = {numel};
+      fold_cpu(DType::F32, list, 1.0, op.accumulate, 1);
+    }
+    std::vector<float> out(numel);
+    fold_plan_cpu(DType::F32, pointers, out.data(), numel, plan, result, 2);
+    CHECK(memcmp(out.data(), slots[result].data(), numel * sizeof(float)) == 0);
+  }
+  std::vector<float> x(4), out(4);
+  std::vector<const void*> one{x.data()};
+  CHECK(throws<std::invalid_argument>([&] {  // reads slot 1 before anything wrote it
+    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}, {0, 0, 1, 1}}, 0, 1);
+  }));
+  CHECK(throws<std::invalid_argument>([&] {  // the result slot is never written
+    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 1, 1);
+  }));
+  CHECK(throws<std::invalid_argument>([&] {  // partial sums are never half precision
+    fold_plan_cpu(DType::F16, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 0, 1);
+  }));
+}
+
 TEST(group_norms_are_one_canonical_tree) {
   // Tiles, tensors and groups are all subtrees: the result equals one tree
   // over the concatenation when a group holds a single tensor.

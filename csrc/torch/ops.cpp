@@ -22,6 +22,13 @@ void fold_cpu_op(at::TensorList acc, at::TensorList src, double scale, bool accu
   fold_cpu(to_dtype(src[0].scalar_type()), list, scale, accumulate, at::get_num_threads());
 }
 
+void fold_plan_cpu_op(at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan, int64_t result) {
+  std::vector<const void*> pointers;
+  std::vector<PlanOp> ops = plan_operands(out, pushed, plan, pointers);
+  fold_plan_cpu(to_dtype(out.scalar_type()), pointers, out.data_ptr(), out.numel(), ops, static_cast<int>(result),
+                at::get_num_threads());
+}
+
 at::Tensor group_norms_cpu_op(at::TensorList tensors, at::IntArrayRef group_of, int64_t num_groups) {
   std::vector<int32_t> groups;
   TensorList list = norms_list(tensors, group_of, num_groups, groups);
@@ -36,12 +43,14 @@ at::Tensor group_norms_cpu_op(at::TensorList tensors, at::IntArrayRef group_of, 
 TORCH_LIBRARY(easyscale, m) {
   m.def("canonical_sum(Tensor[] inputs, int k, ScalarType? out_dtype=None) -> Tensor[]");
   m.def("fold_(Tensor(a!)[] acc, Tensor[] src, float scale, bool accumulate, bool[]? frozen=None) -> ()");
+  m.def("fold_plan_(Tensor(a!) out, Tensor[] pushed, int[] plan, int result) -> ()");
   m.def("group_norms(Tensor[] tensors, int[] group_of, int num_groups) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(easyscale, CPU, m) {
   m.impl("canonical_sum", &canonical_sum_cpu_op);
   m.impl("fold_", &fold_cpu_op);
+  m.impl("fold_plan_", &fold_plan_cpu_op);
   m.impl("group_norms", &group_norms_cpu_op);
 }
 

@@ -105,4 +105,25 @@ inline TensorList norms_list(at::TensorList tensors, at::IntArrayRef group_of, i
   return list;
 }
 
+// A fold plan's operands: `pushed` and `out` of one float type, device and size; `plan` flat (push, dst, src,
+// accumulate) quadruples. Checked here for shapes, by the core for the plan itself.
+inline std::vector<PlanOp> plan_operands(const at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan,
+                                         std::vector<const void*>& pointers) {
+  check_uniform(pushed, "fold_plan_");
+  TORCH_CHECK(out.scalar_type() == pushed[0].scalar_type() && out.device() == pushed[0].device() &&
+                  out.is_contiguous(),
+              "fold_plan_: out must be a contiguous tensor of the pushed tensors' dtype and device");
+  for (const at::Tensor& t : pushed) {
+    TORCH_CHECK(t.numel() == out.numel(), "fold_plan_: a pushed tensor has ", t.numel(), " elements, out ",
+                out.numel());
+    pointers.push_back(t.data_ptr());
+  }
+  TORCH_CHECK(plan.size() % 4 == 0, "fold_plan_: the plan is (push, dst, src, accumulate) quadruples");
+  std::vector<PlanOp> ops;
+  for (size_t j = 0; j < plan.size(); j += 4)
+    ops.push_back({static_cast<int32_t>(plan[j]), static_cast<int32_t>(plan[j + 1]), static_cast<int32_t>(plan[j + 2]),
+                   static_cast<int32_t>(plan[j + 3])});
+  return ops;
+}
+
 }  // namespace es

@@ -1,4 +1,4 @@
-"""Bitwise tests of the stateless torch ops (canonical_sum, fold_, group_norms)
+"""Bitwise tests of the stateless torch ops (canonical_sum, fold_, fold_plan_, group_norms)
 and the FoldStack planner against a plain-PyTorch canonical tree.
 
 Every comparison is on bit patterns (torch.equal on integer views), never a
@@ -403,8 +403,49 @@ def test_streaming_fold_reproduces_tree(dtype):
                 _apply(stack.push(node.lo, node.hi), slots, buf, 1.0, acc_t, buf)
             assert _ranges(stack.nodes()) == [(0, n)]
             assert_bitwise(slots[stack.slots()[0]], expected, f"n={n} split={split}")
+            # the same top in one pass, no slot buffers
+            top = es.FoldStack(n)
+            plan = es.plan_of([top.push(node.lo, node.hi) for node, _ in partials])
+            out = torch.full(expected.shape, float("nan"), dtype=acc_t)
+            es.fold_plan_(out, [buf for _, buf in partials], plan, top.slots()[0])
+            assert_bitwise(out, expected, f"fold_plan_ n={n} split={split}")
             checked += 1
     assert checked == 129
+
+
+def _top_plan(n, procs):
+    """The top of the tree over n leaves split evenly over `procs` processes: (plan, result slot, pushes)."""
+    top = es.FoldStack(n)
+    nodes = [r for p in range(procs) for r in es.local_roots(n * p // procs, n * (p + 1) // procs, n)]
+    plan = es.plan_of([top.push(r.lo, r.hi) for r in nodes])
+    return plan, top.slots()[0], len(nodes)
+
+
+def test_fold_plan_thread_count_invariant():
+    g = torch.Generator().manual_seed(13)
+    plan, result, pushes = _top_plan(64, 5)
+    pushed = [spiky((100_003,), torch.float32, g) for _ in range(pushes)]
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outs.append(torch.empty(100_003))
+        es.fold_plan_(outs[-1], pushed, plan, result)
+    assert_bitwise(outs[0], outs[1], "1 vs 2 threads")
+
+
+def test_fold_plan_errors():
+    x = torch.ones(3)
+    plan, result, _ = _top_plan(2, 2)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        es.fold_plan_(x.half(), [x.half(), x.half()], plan, result)
+    with pytest.raises(RuntimeError, match="has 4 elements, out 3"):
+        es.fold_plan_(torch.empty(3), [x, torch.ones(4)], plan, result)
+    with pytest.raises(ValueError, match="push outside"):
+        es.fold_plan_(torch.empty(3), [x], plan, result)
+    with pytest.raises(ValueError, match="before any operation wrote it"):
+        es.fold_plan_(torch.empty(3), [x, x], plan[4:], result)
+    with pytest.raises(RuntimeError, match="quadruples"):
+        es.fold_plan_(torch.empty(3), [x, x], plan[:-1], result)
 
 
 # --------------------------------------------------------------------------
@@ -492,10 +533,12 @@ def _opcheck_cases(device):
         (ops.fold_.default, (acc, src, 0.5, True, None)),
         (ops.fold_.default, (acc, src, 0.5, False, [False, True])),
         (ops.group_norms.default, (norm_in, [0, -1, 1], 2)),
+        (ops.fold_plan_.default, (mk((9,), torch.float32), [mk((9,), torch.float32) for _ in range(3)],
+                                  _top_plan(3, 3)[0], _top_plan(3, 3)[1])),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_opcheck_cpu(case):
     op, args = _opcheck_cases("cpu")[case]
     torch.library.opcheck(op, args)
@@ -503,6 +546,20 @@ def test_opcheck_cpu(case):
 
 # --------------------------------------------------------------------------
 # CUDA: same bits as the CPU kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_fold_plan_matches_cpu(dtype):
+    g = torch.Generator().manual_seed(53)
+    for n, procs in ((3, 3), (12, 5), (1024, 32)):
+        plan, result, pushes = _top_plan(n, procs)
+        pushed = [spiky((100_003,), dtype, g) for _ in range(pushes)]
+        cpu, cuda = torch.empty(100_003, dtype=dtype), torch.empty(100_003, dtype=dtype, device="cuda")
+        es.fold_plan_(cpu, pushed, plan, result)
+        es.fold_plan_(cuda, [x.cuda() for x in pushed], plan, result)
+        assert_bitwise(cuda.cpu(), cpu, f"n={n} procs={procs}")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -573,7 +630,7 @@ def test_cuda_rejects_mixed_devices():
         es.fold_([torch.zeros(3)], [torch.ones(3, device="cuda")], 1.0, False)
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_opcheck_cuda(case):

@@ -4,9 +4,11 @@
 // uploaded per call.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "../canonical_tree.h"
 #include "../reduce.h"
 
 namespace es {
@@ -151,6 +153,21 @@ __global__ void fold_kernel(ListView v, typename Acc<T>::type scale, bool accumu
     if (e.owns(u)) acc[e.at(u)] = fold_leaf<A>(partial[u], leaf[u], scale, accumulate);
 }
 
+// One thread per element (grid-stride): the plan's slots are a per-thread array indexed at run time.
+template <typename A>
+__global__ void fold_plan_kernel(const A* const* pushed, A* out, int64_t numel, const PlanOp* plan, int ops,
+                                 int result) {
+  A slot[kMaxPlanSlots];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
+    for (int j = 0; j < ops; ++j) {
+      const PlanOp op = plan[j];
+      const A v = op.src == FoldOp::kPushed ? pushed[op.push][i] : slot[op.src];
+      slot[op.dst] = op.accumulate ? fold_leaf<A>(slot[op.dst], v, A(1), true) : fold_leaf<A>(v, v, A(1), false);
+    }
+    out[i] = slot[result];
+  }
+}
+
 // One block per kNormTile tile. The tile is zero-padded to full size: its
 // padded perfect tree equals the canonical tree of the real elements
 // because adding +0 to a square (>= +0) is exact.
@@ -228,6 +245,26 @@ void fold_cuda(DType in, const TensorList& list, double scale, bool accumulate, 
     fold_kernel<T><<<blocks, kThreads, 0, stream_of(launch)>>>(view, static_cast<A>(scale), accumulate);
   });
   check_cuda(cudaGetLastError(), "fold launch");
+}
+
+void fold_plan_cuda(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
+                    const std::vector<PlanOp>& plan, int result, const CudaLaunch& launch) {
+  check_plan(acc, plan, static_cast<int64_t>(pushed.size()), result);
+  if (numel == 0) return;
+  TableBuilder table;
+  const int64_t o_pushed = table.add(pushed);
+  const int64_t o_plan = table.add(plan);
+  const char* device = table.upload(launch);
+  const int64_t blocks = std::min<int64_t>((numel + kThreads - 1) / kThreads, 1 << 16);
+  auto launch_as = [&](auto tag) {
+    using A = decltype(tag);
+    fold_plan_kernel<A><<<blocks, kThreads, 0, stream_of(launch)>>>(
+        reinterpret_cast<const A* const*>(device + o_pushed), static_cast<A*>(out), numel,
+        reinterpret_cast<const PlanOp*>(device + o_plan), static_cast<int>(plan.size()), result);
+  };
+  if (acc == DType::F64) launch_as(double{});
+  else launch_as(float{});
+  check_cuda(cudaGetLastError(), "fold_plan launch");
 }
 
 int64_t group_norms_scratch_bytes(DType in, const TensorList& list) {
