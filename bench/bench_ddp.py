@@ -8,15 +8,21 @@
 3. Cost of D1 and D2 against D0 (N = 4 on one process).
 Each configuration runs in its own process (clean peak RSS); the contenders of
 a configuration alternate step by step, and the median step time is reported.
-`--overlap`: only the exchange's overlap with backward, on a 21 M
-parameter MLP whose exchange is a large part of the step, N = 2 on 2 processes:
-EasyScaleDDP with 25 MB buckets exchanged during backward, the same with one
-bucket (the whole exchange after backward), torch DDP, and the compute alone
-(one process, no exchange); pairs interleaved over --repeats, medians. Hidden
-share = (one bucket - buckets) / (one bucket - compute).
+`--wide`: models whose exchange is a large part of the step, a 21 M-parameter
+MLP (5 x Linear(2048, 2048), batch 16 a process) and a 48 M-parameter
+transformer (5 layers of width 768, 2 x 32 tokens a process), N = P on P
+processes (gloo, 1 intra-op thread each), EasyScaleDDP against torch DDP,
+alternating runs of --steps steps over --repeats rounds; medians. With each
+step's breakdown as both report it (`_get_ddp_logging_data()`, every step
+sampled): forward, backward compute, the exchange (first collective started
+to last finished), its overlap with backward, and the tail after both (DDP
+copying the buckets into the gradients); for EasyScaleDDP also its
+reducer's parts: folding gradients into the partial-sum slots during
+backward, finishing the tree's top, waiting for collectives, writing
+param.grad.
 
     .venv/bin/python bench/bench_ddp.py [--quick] [--json PATH]
-    .venv/bin/python bench/bench_ddp.py --overlap [--repeats 5]
+    .venv/bin/python bench/bench_ddp.py --wide [--procs 2,3,4,8] [--models mlp,transformer] [--repeats 3]
 """
 import argparse
 import json
@@ -54,7 +60,8 @@ class SmallTransformer(nn.Module):
     def __init__(self, vocab=1000, dim=128, layers=2):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.Sequential(*[nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.1, batch_first=True)
+        self.blocks = nn.Sequential(*[nn.TransformerEncoderLayer(dim, dim // 32, 4 * dim, dropout=0.1,
+                                                                 batch_first=True)
                                       for _ in range(layers)])
         self.head = nn.Linear(dim, vocab)
 
@@ -67,6 +74,9 @@ def make(model_name, batch):
     if model_name == "mlp":  # 5 x (2048 x 2048 + 2048) = 21 M parameters, little compute per sample
         layers = [m for _ in range(5) for m in (nn.Linear(2048, 2048), nn.ReLU())]
         return nn.Sequential(*layers[:-1]), (torch.randn(batch, 2048), torch.randn(batch, 2048))
+    if model_name == "wide-transformer":  # 5 layers of width 768 and an 8192-token vocabulary: 48 M parameters
+        x = torch.randint(0, 8192, (batch, 32))
+        return SmallTransformer(vocab=8192, dim=768, layers=5), (x, x.roll(-1, 1))
     if model_name == "convbn":
         return ConvBN(), (torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,)))
     x = torch.randint(0, 1000, (batch, 64))
@@ -166,11 +176,12 @@ def spawn(args, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spawn_pair(kind, steps, model_name, procs=2):
+def spawn_pair(kind, steps, model_name, procs=2, child="pair"):
+    """Every rank's result."""
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rdzv")
         children = [subprocess.Popen([sys.executable, __file__, "--child",
-                                      json.dumps(["pair", kind, r, init, steps, model_name, procs])],
+                                      json.dumps([child, kind, r, init, steps, model_name, procs])],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(procs)]
         results = []
@@ -179,7 +190,7 @@ def spawn_pair(kind, steps, model_name, procs=2):
             if p.returncode:
                 raise RuntimeError(err)
             results.append(json.loads(out.strip().splitlines()[-1]))
-        return max(r["step"] for r in results)
+        return results
 
 
 def main():
@@ -187,21 +198,24 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--child")
-    ap.add_argument("--overlap", action="store_true", help="only the overlap of the exchange with backward")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--procs", type=int, default=2, help="--overlap: processes (N = procs; 3: the general exchange)")
+    ap.add_argument("--wide", action="store_true", help="only wide models against torch DDP, with breakdowns")
+    ap.add_argument("--procs", default="2,3,4,8", help="--wide: process counts (N = P)")
+    ap.add_argument("--models", default=",".join(WIDE_MODELS), help="--wide: of " + ", ".join(WIDE_MODELS))
+    ap.add_argument("--repeats", type=int, default=3, help="--wide: rounds (each runs both contenders)")
+    ap.add_argument("--steps", type=int, default=8, help="--wide: timed steps a run, after 2 warm-ups")
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair}[spec[0]]
+        fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair, "wide": child_wide}[spec[0]]
         print(json.dumps(fn(*spec[1:])), flush=True)
-        if spec[:2] == ["pair", "ddp"]:
+        if spec[0] in ("pair", "wide") and spec[1] == "ddp":
             # Torch DDP keeps its gloo group alive into interpreter shutdown, where it can abort
             # the process (pytorch/pytorch#190489): leave without a shutdown.
             os._exit(0)
         return
-    if args.overlap:
-        return overlap(args.repeats, args.procs)
+    if args.wide:
+        return wide(args.models.split(","), [int(p) for p in args.procs.split(",")], args.repeats, args.steps,
+                    args.json)
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
@@ -222,7 +236,7 @@ def main():
     print("\n| model | EasyScaleDDP N=2 on 2 processes ms | torch DDP on 2 processes ms | ratio |")
     print("|---|---|---|---|")
     for model_name in ("convbn", "transformer"):
-        es_t, ddp_t = spawn_pair("easyscale", steps, model_name), spawn_pair("ddp", steps, model_name)
+        es_t, ddp_t = (max(r["step"] for r in spawn_pair(kind, steps, model_name)) for kind in ("easyscale", "ddp"))
         results["pair"].append(dict(model=model_name, easyscale=es_t, ddp=ddp_t))
         print(f"| {model_name} | {es_t * 1e3:.1f} | {ddp_t * 1e3:.1f} | {es_t / ddp_t:.3f}x |")
     print("\n| model | level | EasyScaleDDP N=4 step ms | vs D0 |")
@@ -240,20 +254,120 @@ def main():
             json.dump(results, f, indent=1)
 
 
-def overlap(repeats: int, procs: int) -> None:
-    runs = {k: [] for k in ("easyscale", "easyscale-one-bucket", "ddp", "compute")}
-    for _ in range(repeats):
-        for kind in runs:
-            runs[kind].append(spawn(["overhead", "mlp", 1, 10, "D0"])["accumulation"] if kind == "compute"
-                              else spawn_pair(kind, 10, "mlp", procs))
-    t = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"21 M-parameter MLP, batch 16, N = {procs} on {procs} processes (gloo), medians of {repeats} runs of "
-          "10 steps")
-    print("| EasyScaleDDP, 25 MB buckets | one bucket | torch DDP | compute alone | vs DDP | hidden |")
-    print("|---|---|---|---|---|---|")
-    hidden = (t["easyscale-one-bucket"] - t["easyscale"]) / (t["easyscale-one-bucket"] - t["compute"])
-    print(f"| {t['easyscale'] * 1e3:.1f} ms | {t['easyscale-one-bucket'] * 1e3:.1f} ms | {t['ddp'] * 1e3:.1f} ms | "
-          f"{t['compute'] * 1e3:.1f} ms | {t['easyscale'] / t['ddp']:.2f}x | {hidden:.2f} |")
+def wide(models, procs, repeats, steps, json_path) -> None:
+    """Each model at each P: EasyScaleDDP and torch DDP in alternating runs, `repeats` rounds; a run's figure is
+    its slowest rank's median step, and that rank's breakdown."""
+    results = []
+    print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, N = P; medians over {repeats} rounds of "
+          f"runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms\n")
+    print("| model | P | EasyScaleDDP | torch DDP | ratio | " + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN)
+          + " | reducer: " + ", ".join(REDUCER_PARTS) + " |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
+    for model_name in models:
+        for p in procs:
+            runs = {"easyscale": [], "ddp": []}
+            for r in range(repeats):
+                for kind in (("easyscale", "ddp") if r % 2 == 0 else ("ddp", "easyscale")):
+                    runs[kind].append(max(spawn_pair(kind, steps, model_name, p, "wide"), key=lambda x: x["step"]))
+            med = {kind: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for kind, rs in runs.items()}
+            es_, ddp_ = med["easyscale"], med["ddp"]
+            results.append(dict(model=model_name, procs=p, runs=runs, medians=med))
+            print(f"| {model_name} | {p} | {es_['step']:.1f} | {ddp_['step']:.1f} | {es_['step'] / ddp_['step']:.3f}x | "
+                  + " | ".join(f"{es_[k]:.1f} / {ddp_[k]:.1f}" for k in BREAKDOWN) + " | "
+                  + ", ".join(f"{es_[k]:.1f}" for k in REDUCER_PARTS) + " |", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+WIDE_MODELS = {"mlp": 16, "wide-transformer": 2}  # model: batch a process
+BREAKDOWN = ("forward", "backward", "exchange", "overlap", "tail")
+REDUCER_PARTS = ("fold", "send", "wait", "top", "gather", "grads")
+
+
+def _time_reducer(parts) -> None:
+    """Accumulate into `parts` (seconds) where CanonicalReducer's step goes: `fold` (gradients into the
+    partial-sum slots, during backward), `send` (a bucket's exchange started), `wait` (for sends, receives and
+    collectives), `top` (the tree's top over received chunks), `grads` (param.grad written), and `gather` (the
+    rest of finish(): the gathers started)."""
+    from easyscale_ext.runtime import reducer
+
+    cls = reducer.CanonicalReducer
+    fold, fold_plan, start, complete, finish, write = (reducer.fold_, reducer.fold_plan_, cls._start_exchange,
+                                                       cls._complete, cls.finish, cls._write_grads)
+
+    def clocked(part, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            parts[part] += time.perf_counter() - t
+
+    class Work:  # a handle whose wait is clocked
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self):
+            clocked("wait", self.work.wait)
+
+    def start_exchange(self, i):
+        clocked("send", start, self, i)
+        if self._exchanges[-1] is not None:
+            self._exchanges[-1] = Work(self._exchanges[-1])
+
+    def complete_(self, *args):
+        gather = complete(self, *args)
+        return None if gather is None else Work(gather)
+
+    def finish_(self, *args):
+        others = ("send", "wait", "top", "grads")
+        t, before = time.perf_counter(), sum(parts[k] for k in others)
+        try:
+            return finish(self, *args)
+        finally:
+            parts["gather"] += time.perf_counter() - t - (sum(parts[k] for k in others) - before)
+
+    reducer.fold_ = lambda *args: clocked("fold", fold, *args)
+    reducer.fold_plan_ = lambda *args: clocked("top", fold_plan, *args)
+    cls._start_exchange, cls._complete, cls.finish = start_exchange, complete_, finish_
+    cls._write_grads = lambda self, *args: clocked("grads", write, self, *args)
+
+
+def child_wide(kind, rank, init, steps, model_name, procs):
+    """One rank of a `procs`-process job, EasyScaleDDP N = procs (`easyscale`) or torch DDP (`ddp`): the median
+    step, and its breakdown from the logging data both keep (and EasyScaleDDP's reducer parts), in ms."""
+    import torch.distributed as dist
+
+    import easyscale_ext as es
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
+    model, batch = make(model_name, WIDE_MODELS[model_name])
+    ddp = nn.parallel.DistributedDataParallel(model) if kind == "ddp" else es.EasyScaleDDP(model)
+    ddp._set_ddp_runtime_logging_sample_rate(1)
+    parts = dict.fromkeys(REDUCER_PARTS, 0.0)
+    if kind == "easyscale":
+        _time_reducer(parts)
+    rows, ends, reducer_parts = [], [], []
+    for i in range(steps + 3):
+        dist.barrier()
+        for k in parts:
+            parts[k] = 0.0
+        t = time.time_ns()  # the clock both loggers' timestamps are on
+        loss_of(ddp, batch).backward()
+        ends.append(time.time_ns())
+        rows.append({"step": (ends[-1] - t) / 1e6})
+        reducer_parts.append({k: v * 1e3 for k, v in parts.items()})
+        if i >= 1:  # the logging data tell of the step before, as DDP publishes a step's at the next forward
+            d = ddp._get_ddp_logging_data()
+            rows[-2].update(forward=d["forward_compute_time"] / 1e6, backward=d["backward_compute_time"] / 1e6,
+                            exchange=d["backward_comm_time"] / 1e6,
+                            overlap=d["backward_compute_comm_overlap_time"] / 1e6,
+                            tail=(ends[-2] - max(d["backward_compute_time_end"], d["backward_comm_time_end"])) / 1e6,
+                            **reducer_parts[-2])
+    rows = rows[2:-1]  # two warm-ups; the last step's data are not published
+    dist.destroy_process_group()
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 if __name__ == "__main__":

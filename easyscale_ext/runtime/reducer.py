@@ -3,26 +3,25 @@
 Within a process, each local virtual worker's gradients are folded, as soon
 as its backward is done, into a few partial-sum slots (the canonical tree's
 nodes inside the process's range; FoldStack plans it). Across processes the
-partials are exchanged reduce-scatter style (all_to_all: each process gets
-one chunk of every partial), each process finishes the tree for its chunk,
-and a second all_to_all, of each process's chunk to every process, assembles
-the result: an all_gather's bytes, which gloo moves faster this way than by
-its all_gather (31 against 71 ms for 84 MB on 2 processes). Where the
-tree's cross-process part is one addition (two processes, each owning one
-subtree of the root: P = 2 with N even, for one), a plain all_reduce of the
-local roots computes exactly that addition (a + b == b + a bitwise), with the
-bytes of one all_reduce instead of an all_to_all and an all_reduce. A small
-bucket (what a process receives of it at most WHOLE_BYTES) takes one collective
-instead of two: every process receives every local root whole and finishes the
-whole tree itself (4 processes on 2 CPU cores, 72 KB: 2.4 against 5.0 ms); the
-tree's additions are elementwise, so the bits are the chunked exchange's. Every
-plan is fixed at construction, like the c10d Reducer's buckets.
+partials are exchanged reduce-scatter style: each process sends chunk q of
+each of its local roots to process q, point to point, straight from the
+slots; each process finishes the tree for its chunk, in place in the reduced
+buffer, and sends that chunk to every other process (an all_gather's bytes,
+with no send buffer packed). Where the tree's cross-process part is one
+addition (two processes, each owning one subtree of the root: P = 2 with N
+even, for one), a plain all_reduce of the local roots computes exactly that
+addition (a + b == b + a bitwise), with the bytes of one all_reduce. A small
+bucket (what a process receives of it at most WHOLE_BYTES) is sent whole:
+every process receives every local root and finishes the whole tree itself
+(4 processes on 2 CPU cores, 72 KB: 2.4 against 5.0 ms); the tree's additions
+are elementwise, so the bits are the chunked exchange's. Every plan is fixed
+at construction, like the c10d Reducer's buckets.
 
 Overlap, as in DDP: buckets of at most `bucket_cap_mb`, in reverse registration
 order, one dtype each. During the step's last local worker's backward, a bucket
-whose gradients are all ready is folded at once and its all_to_all starts
+whose gradients are all ready is folded at once and its exchange starts
 (asynchronously), strictly in bucket order so that every process issues the
-same collectives in the same order; `finish` starts the rest, then completes
+same operations in the same order; `finish` starts the rest, then completes
 them. Splitting the gradients into buckets changes no element's association.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from ..ops import acc_dtype, fold_
+from ..ops import acc_dtype, fold_, fold_plan_, plan_of
 
 WHOLE_BYTES = 1 << 20  # below this, collectives cost their latency (gloo, 4 processes: equal at about 3 MB)
 
@@ -93,21 +92,20 @@ class CanonicalReducer:
         self.slots = [[b.flat() for b in self.buckets] for _ in range(stack.max_slots)]
         self.slot_views = [[b.views(f) for b, f in zip(self.buckets, s)] for s in self.slots]
 
-        # Cross-process plan: every process's local roots, in rank order.
+        # Cross-process plan: every process's local roots, in rank order, finished in one pass (fold_plan_).
         self.roots_per_proc = [len(_C.local_roots(a, b, self.n)) for a, b in self.ranges]
         top = _C.FoldStack(self.n)
-        self.top_plans = [top.push(r.lo, r.hi) for a, b in self.ranges for r in _C.local_roots(a, b, self.n)]
+        self.top_plan = plan_of([top.push(r.lo, r.hi) for a, b in self.ranges for r in _C.local_roots(a, b, self.n)])
         self.top_result = top.slots()[0]
         self.one_addition = self.roots_per_proc == [1, 1]
         # Per bucket, what each process finishes of the tree: one chunk, or all of a small bucket (`whole`).
         exchanged, roots = self.procs > 1 and not self.one_addition, sum(self.roots_per_proc)
         self.whole = [exchanged and b.padded * roots * b.acc_dtype.itemsize <= WHOLE_BYTES for b in self.buckets]
         self.part = [b.padded if whole else b.chunk for b, whole in zip(self.buckets, self.whole)]
-        self.top_slots = [[torch.empty(c, dtype=b.acc_dtype, device=b.device) for b, c in zip(self.buckets, self.part)]
-                          for _ in range(top.max_slots)]
-        # Where finish() leaves each bucket's reduced gradient: the same tensor every step.
-        self.reduced = [self.slots[self.root_slots[0]][i] if self.procs == 1 or self.one_addition else
-                        self.top_slots[self.top_result][i] if self.whole[i] else b.flat()
+        # Where finish() leaves each bucket's reduced gradient, the same tensor every step: the local root (one
+        # process; one addition), or a flat buffer the top writes (whole) or writes its chunk of, this process's
+        # chunk q of a chunked bucket written by process q.
+        self.reduced = [b.flat() if exchanged else self.slots[self.root_slots[0]][i]
                         for i, b in enumerate(self.buckets)]
         self._zeros: Dict[int, torch.Tensor] = {}
         self.unused: List[str] = []
@@ -117,15 +115,13 @@ class CanonicalReducer:
         self._folded = [False] * len(self.buckets)
         self._waiting = [len(b.params) for b in self.buckets]  # gradients not yet ready, per bucket
         self._ready = set()  # parameters whose gradient the last worker's backward has readied
-        self._exchanges: List[tuple] = []  # started all_to_alls, in bucket order: (work, received)
+        self._exchanges: List[Optional[_Pending]] = []  # started exchanges, in bucket order
         self._group = None
-        self._send: Dict[int, torch.Tensor] = {}
-        self._recv: Dict[int, torch.Tensor] = {}
-        self._gather: Dict[int, torch.Tensor] = {}  # this process's finished chunk, repeated for every process
+        self._pushed: Dict[int, List[torch.Tensor]] = {}  # per bucket, what the top adds: every root's part
 
     @property
     def exchanging(self) -> bool:
-        """Whether this step's exchange has begun (a bucket's all_to_all started)."""
+        """Whether this step's exchange has begun (a bucket's exchange started)."""
         return bool(self._exchanges)
 
     def _grads(self, i: int, names: Dict[int, str]) -> List[torch.Tensor]:
@@ -203,69 +199,100 @@ class CanonicalReducer:
         self._folded[i] = True
 
     def _start_exchange(self, i: int) -> None:
-        """Start bucket i's all_to_all: each process receives its chunk (or all, `whole`) of every process's
-        local roots."""
+        """Start bucket i's exchange: each process receives its chunk (or all, `whole`) of every other process's
+        local roots, sent straight from the root slots."""
         if self.procs == 1:
             self._exchanges.append(None)
             return
         if self.one_addition:
             root = self.slots[self.root_slots[0]][i]
-            self._exchanges.append((dist.all_reduce(root, group=self._group, async_op=True), root))
+            self._exchanges.append(_Pending([dist.all_reduce(root, group=self._group, async_op=True)]))
             return
-        bucket, c, whole = self.buckets[i], self.part[i], self.whole[i]
-        local = [self.slots[s][i] for s in self.root_slots]
-        if i not in self._recv:  # kept across steps: fresh buffers of this size cost page faults every step
-            self._recv[i] = torch.empty(c * sum(self.roots_per_proc), dtype=bucket.acc_dtype, device=bucket.device)
-            if len(local) > 1 or whole:
-                self._send[i] = torch.empty(c * len(local) * self.procs, dtype=bucket.acc_dtype, device=bucket.device)
-        recv = self._recv[i]
-        if len(local) == 1 and not whole:
-            send = local[0]  # one root: its chunks are in destination order already
-        else:
-            send = self._send[i]
-            torch.cat([part if whole else part[q * c:(q + 1) * c] for q in range(self.procs) for part in local],
-                      out=send)
-        work = dist.all_to_all_single(recv, send, [c * r for r in self.roots_per_proc],
-                                      [c * len(local)] * self.procs, group=self._group, async_op=True)
-        self._exchanges.append((work, recv))
+        c, whole, local = self.part[i], self.whole[i], [self.slots[s][i] for s in self.root_slots]
+        if i not in self._pushed:
+            self._pushed[i] = self._pushed_parts(i, local)
+        pushed, sends, receives, at = self._pushed[i], {}, {}, 0
+        for q, roots in enumerate(self.roots_per_proc):
+            if q != self.rank:
+                sends[q] = [part if whole else part[q * c:(q + 1) * c] for part in local]
+                receives[q] = pushed[at:at + roots]
+            at += roots
+        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=2 * i))
+
+    def _pushed_parts(self, i: int, local: List[torch.Tensor]) -> List[torch.Tensor]:
+        """What bucket i's top adds, every process's roots in rank order: this process's own chunk of its local
+        roots where they are, the others' in buffers their sends land in (kept: fresh ones cost page faults)."""
+        bucket, c, out = self.buckets[i], self.part[i], []
+        for q, roots in enumerate(self.roots_per_proc):
+            if q == self.rank:
+                out += [part if self.whole[i] else part[q * c:(q + 1) * c] for part in local]
+            else:
+                out += list(torch.empty(roots * c, dtype=bucket.acc_dtype, device=bucket.device).split(c))
+        return out
+
+    @staticmethod
+    def _point_to_point(group, sends: Dict[int, List[torch.Tensor]], receives: Dict[int, List[torch.Tensor]],
+                        tag: int) -> "_Pending":
+        """Send and receive tensors with each peer, all at once. Point to point rather than an all_to_all: the
+        parts go out from where they lie, with nothing packed into a send buffer (gloo, 84 MB over 3 processes:
+        60 against 85 ms for its all_to_all, 110 with the packing). Each bucket and phase has its own tag, so
+        that messages of two exchanges in flight cannot be taken for each other."""
+        ops = [dist.P2POp(dist.isend, t, group=group, tag=tag, group_peer=q) for q, ts in sends.items() for t in ts]
+        ops += [dist.P2POp(dist.irecv, t, group=group, tag=tag, group_peer=q) for q, ts in receives.items()
+                for t in ts]
+        return _Pending(dist.batch_isend_irecv(ops))
 
     def finish(self, group, gradient_as_bucket_view: bool) -> None:
-        """Complete the tree across the processes of `group` and write each param.grad. Collectives in the
-        same order on every process: the all_to_alls not started yet, the used flags, the gathers."""
+        """Complete the tree across the processes of `group` and write each param.grad. The same operations in
+        the same order on every process: the exchanges not started yet, the used flags, the gathers."""
         self._group = group
         while len(self._exchanges) < len(self.buckets):
             self._start_exchange(len(self._exchanges))
         used = self._used_by_any_worker(group) if self.find_unused else None
         exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
-        gathers = [None if self.procs == 1 else self._complete(group, i, *exchanges[i])
+        gathers = [None if self.procs == 1 else self._complete(group, i, exchanges[i])
                    for i in range(len(self.buckets))]
-        for i, bucket in enumerate(self.buckets):
+        for i in range(len(self.buckets)):
             if gathers[i] is not None:
                 gathers[i].wait()
-            views = bucket.views(self.reduced[i])
-            for k, (p, g) in enumerate(zip(bucket.params, views)):
-                if used is not None and not used[i][k]:
-                    p.grad = None
-                else:
-                    p.grad = g if (gradient_as_bucket_view and p.dtype == g.dtype) else g.to(p.dtype, copy=True)
+            self._write_grads(i, used[i] if used is not None else None, gradient_as_bucket_view)
 
-    def _complete(self, group, i: int, work, recv: torch.Tensor):
-        """Wait for bucket i's exchange, finish the tree for this process's chunk, and start gathering every
-        chunk into self.reduced[i] (an all_to_all of this chunk to every process: process q's lands at chunk
-        q); returns the gather's work (None where the result is there already: one addition, or `whole`)."""
-        work.wait()
+    def _write_grads(self, i: int, used: Optional[List[bool]], gradient_as_bucket_view: bool) -> None:
+        """Bucket i's reduced gradient into its parameters' .grad (None for those no worker used)."""
+        bucket = self.buckets[i]
+        for k, (p, g) in enumerate(zip(bucket.params, bucket.views(self.reduced[i]))):
+            if used is not None and not used[k]:
+                p.grad = None
+            elif gradient_as_bucket_view and p.dtype == g.dtype:
+                p.grad = g
+            elif p.grad is not None and p.grad.layout == torch.strided and p.grad.shape == g.shape:
+                p.grad.copy_(g)  # into the backward's own tensor, as DDP does: a fresh one costs page faults
+            else:
+                p.grad = g.to(p.dtype, copy=True)
+
+    def _complete(self, group, i: int, exchange: "_Pending") -> Optional["_Pending"]:
+        """Wait for bucket i's exchange, finish the tree for this process's chunk, and start sending that chunk
+        to every other process (and receiving theirs) in self.reduced[i]; returns the gather's handle (None where
+        the result is there already: one addition, or `whole`)."""
+        exchange.wait()
         if self.one_addition:
-            return None  # recv is the root slot, r0 + r1
-        bucket, c = self.buckets[i], self.part[i]
-        for k, plan in enumerate(self.top_plans):
-            pushed = recv[k * c:(k + 1) * c]
-            for op in plan:
-                src = pushed if op.src == _C.PUSHED else self.top_slots[op.src][i]
-                fold_([self.top_slots[op.dst][i]], [src], 1.0, op.accumulate)
-        if self.whole[i]:
-            return None  # the top result slot is self.reduced[i]
-        if i not in self._gather:
-            self._gather[i] = torch.empty(bucket.padded, dtype=bucket.acc_dtype, device=bucket.device)
-        send = self._gather[i]
-        send.view(self.procs, c).copy_(self.top_slots[self.top_result][i].expand(self.procs, c))
-        return dist.all_to_all_single(self.reduced[i], send, group=group, async_op=True)
+            return None  # the root slot holds r0 + r1
+        c, whole = self.part[i], self.whole[i]
+        result = self.reduced[i] if whole else self.reduced[i][self.rank * c:(self.rank + 1) * c]
+        fold_plan_(result, self._pushed[i], self.top_plan, self.top_result)
+        if whole:
+            return None
+        peers = [q for q in range(self.procs) if q != self.rank]
+        return self._point_to_point(group, {q: [result] for q in peers},
+                                    {q: [self.reduced[i][q * c:(q + 1) * c]] for q in peers}, tag=2 * i + 1)
+
+
+class _Pending:
+    """The handles of one bucket's collectives or sends and receives, waited for together."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
