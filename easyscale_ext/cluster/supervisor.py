@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import placement
 from .. import determinism
 from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
-from .worker import SlotWorker, fork_server_name
+from .worker import END_WITHIN_S, SlotWorker, fork_server_name
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class JobSupervisor:
         try:
             pid = ray.get(process.pid, timeout=0)
             server = ray.get_actor(fork_server_name(process.node), namespace=NAMESPACE)
-            ray.get(server.end.remote(pid), timeout=30)
+            ray.get(server.end.remote(pid), timeout=END_WITHIN_S + 5)
         except (ray.exceptions.RayError, ValueError):  # never started (its actor died first), or its node went
             pass
 

@@ -25,6 +25,7 @@ DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, s
                    "os.execvp(sys.argv[1], sys.argv[1:])")
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # a slot's own (Ray sets it per actor): read when the process first uses CUDA
 GLOO_ENV = "GLOO_SOCKET_IFNAME"  # the interface gloo binds to; unset, it takes the address the hostname resolves to
+END_WITHIN_S = 30  # what NodeForkServer.end waits for a killed process to end (the supervisor, a little longer)
 
 
 @ray.remote(num_cpus=0)
@@ -65,7 +66,8 @@ class NodeForkServer:
         if ended is not None:
             try:
                 os.killpg(pid, signal.SIGKILL)  # its session, as SlotWorker.kill
-                select.select([ended], [], [])
+                if not select.select([ended], [], [], END_WITHIN_S)[0]:  # in an uninterruptible wait (a hung disk):
+                    raise TimeoutError(f"process {pid} has not ended {END_WITHIN_S} s after SIGKILL")  # stay usable
             finally:
                 os.close(ended)
         if pid in self.children:  # this server's child: its exit code read, its record dropped
