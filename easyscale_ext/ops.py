@@ -48,16 +48,17 @@ def fold_(acc: Sequence[torch.Tensor], src: Sequence[torch.Tensor], scale: float
 
 
 def fold_plan_(out: torch.Tensor, pushed: Sequence[torch.Tensor], plan: Sequence[int], result: int) -> None:
-    """out = slot `result` after a fold plan, in one pass: what applying the plan's operations with fold_ one by one
-    (scale 1) leaves there, bit for bit, with no slot buffers. `plan`: flat (push, dst, src, accumulate) quadruples
-    in order, as `plan_of` makes them from FoldStack pushes; `pushed` and `out`: float32 or float64, one size."""
+    """out = slot `result` after a fold plan, in one pass: what applying the plan's operations with ``fold_`` one by
+    one (scale 1) leaves there, bit for bit, with no slot buffers. `plan`: flat (push, dst, src, accumulate)
+    quadruples in order, as `plan_of` makes them from FoldStack pushes; `pushed` and `out`: float32 or float64, one
+    size."""
     if len(pushed) == 0:
         raise ValueError("fold_plan_ needs at least one pushed tensor")
     _ops.fold_plan_(out, list(pushed), list(plan), int(result))
 
 
 def plan_of(pushes: Sequence[Sequence]) -> List[int]:
-    """The flat plan of fold_plan_ from the operations FoldStack.push returned, push by push."""
+    """The flat plan of ``fold_plan_`` from the operations FoldStack.push returned, push by push."""
     return [x for j, ops in enumerate(pushes) for op in ops for x in (j, op.dst, op.src, int(op.accumulate))]
 
 
