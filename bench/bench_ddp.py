@@ -142,32 +142,6 @@ def child_memory(model_name, k, steps, mode):
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def child_pair(kind, rank, init, steps, model_name, procs=2):
-    """One rank of a `procs`-process job: EasyScaleDDP N = procs (`easyscale`; `easyscale-one-bucket`: the
-    whole exchange after backward) or torch DDP (`ddp`)."""
-    import torch.distributed as dist
-
-    import easyscale_ext as es
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
-    model, batch = make(model_name, 32 if model_name == "convbn" else 16)
-    if kind == "ddp":
-        ddp = nn.parallel.DistributedDataParallel(model)
-    else:
-        ddp = es.EasyScaleDDP(model, virtual_world_size=procs,
-                              bucket_cap_mb=1e6 if kind.endswith("one-bucket") else None)
-    times = []
-    for i in range(steps + 2):
-        dist.barrier()
-        t = time.perf_counter()
-        loss_of(ddp, batch).backward()
-        if i >= 2:
-            times.append(time.perf_counter() - t)
-    dist.destroy_process_group()
-    return {"step": statistics.median(times)}
-
-
 def spawn(args, env=None):
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(args)], capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
@@ -176,12 +150,12 @@ def spawn(args, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spawn_pair(kind, steps, model_name, procs=2, child="pair"):
-    """Every rank's result."""
+def spawn_pair(kind, steps, model_name, procs=2):
+    """Every rank's result (child_pair's)."""
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rdzv")
         children = [subprocess.Popen([sys.executable, __file__, "--child",
-                                      json.dumps([child, kind, r, init, steps, model_name, procs])],
+                                      json.dumps(["pair", kind, r, init, steps, model_name, procs])],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(procs)]
         results = []
@@ -206,9 +180,9 @@ def main():
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair, "wide": child_wide}[spec[0]]
+        fn = {"overhead": child_overhead, "memory": child_memory, "pair": child_pair}[spec[0]]
         print(json.dumps(fn(*spec[1:])), flush=True)
-        if spec[0] in ("pair", "wide") and spec[1] == "ddp":
+        if spec[:2] == ["pair", "ddp"]:
             # Torch DDP keeps its gloo group alive into interpreter shutdown, where it can abort
             # the process (pytorch/pytorch#190489): leave without a shutdown.
             os._exit(0)
@@ -268,7 +242,7 @@ def wide(models, procs, repeats, steps, json_path) -> None:
             runs = {"easyscale": [], "ddp": []}
             for r in range(repeats):
                 for kind in (("easyscale", "ddp") if r % 2 == 0 else ("ddp", "easyscale")):
-                    runs[kind].append(max(spawn_pair(kind, steps, model_name, p, "wide"), key=lambda x: x["step"]))
+                    runs[kind].append(max(spawn_pair(kind, steps, model_name, p), key=lambda x: x["step"]))
             med = {kind: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for kind, rs in runs.items()}
             es_, ddp_ = med["easyscale"], med["ddp"]
             results.append(dict(model=model_name, procs=p, runs=runs, medians=med))
@@ -281,6 +255,7 @@ def wide(models, procs, repeats, steps, json_path) -> None:
 
 
 WIDE_MODELS = {"mlp": 16, "wide-transformer": 2}  # model: batch a process
+PAIR_BATCH = {"convbn": 32, "transformer": 16, **WIDE_MODELS}
 BREAKDOWN = ("forward", "backward", "exchange", "overlap", "tail")
 REDUCER_PARTS = ("fold", "send", "wait", "top", "gather", "grads")
 
@@ -333,7 +308,7 @@ def _time_reducer(parts) -> None:
     cls._write_grads = lambda self, *args: clocked("grads", write, self, *args)
 
 
-def child_wide(kind, rank, init, steps, model_name, procs):
+def child_pair(kind, rank, init, steps, model_name, procs):
     """One rank of a `procs`-process job, EasyScaleDDP N = procs (`easyscale`) or torch DDP (`ddp`): the median
     step, and its breakdown from the logging data both keep (and EasyScaleDDP's reducer parts), in ms."""
     import torch.distributed as dist
@@ -342,7 +317,7 @@ def child_wide(kind, rank, init, steps, model_name, procs):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
-    model, batch = make(model_name, WIDE_MODELS[model_name])
+    model, batch = make(model_name, PAIR_BATCH[model_name])
     ddp = nn.parallel.DistributedDataParallel(model) if kind == "ddp" else es.EasyScaleDDP(model)
     ddp._set_ddp_runtime_logging_sample_rate(1)
     parts = dict.fromkeys(REDUCER_PARTS, 0.0)
