@@ -14,3 +14,4 @@ TYPED = SLOT + "_"  # a node's slots of type T also carry the resource `easyscal
 TYPE_ENV = "EASYSCALE_SLOT_TYPE"  # a job process's slot type (e.g. to emulate that device's speed)
 NAMESPACE = "easyscale"  # the Ray namespace of the scheduler and the supervisors (named, detached actors)
 NODE_ENV = "EASYSCALE_NODE"  # a job process's Ray node id (where it runs, e.g. to know its placement)
+JOB_ENV = "EASYSCALE_JOB"  # a job process's incarnation: "<job id>:<a token of the supervisor that started it>"

@@ -32,6 +32,7 @@ from ..sched.rounds import Change, Decision
 from . import NAMESPACE, SLOT, TYPED
 from .jobtable import JobTable
 from .supervisor import JobSupervisor, Report, wait_until_gone
+from .worker import end_job
 
 log = logging.getLogger(__name__)
 
@@ -374,6 +375,7 @@ class RayCluster:
                 pass
         for name in [f"job/{job_id}"] + mine:  # the next supervisor and its slots' actors take these names again
             wait_until_gone(name)
+        end_job(job_id, slot_nodes())  # a process whose actor's end is still on its way: ended now
         note = "its supervisor was lost: it resumes from its newest checkpoint"
         self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
         if job_id in self.jobs:

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -27,8 +28,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import placement
 from .. import determinism
-from . import NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
-from .worker import END_WITHIN_S, SlotWorker, fork_server_name
+from . import JOB_ENV, NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
+from .worker import END_WITHIN_S, SlotWorker, end_job, fork_server_name
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class JobSupervisor:
         self.server = client.serve(host)  # on that address only
         self.address = f"{host}:{self.server.port}"
         self.secret = client.new_secret()  # only the job's processes, given it, reach the job's keys
+        self.incarnation = f"{job_id}:{uuid.uuid4().hex[:12]}"  # in its processes' environment (JOB_ENV)
         self.store = hosted(self.server, self.secret)
         self.processes: Dict[str, Process] = {}  # by name, in start order
         self.desired: List[str] = []  # node ids, one per process
@@ -113,7 +115,7 @@ class JobSupervisor:
         # what _start sets for each process (read once its script runs): the rest of a process's environment is
         # its node's fork server's, or the process is started fresh
         self.per_process = (client.STORE_ENV, client.SECRET_ENV, client.ID_ENV, client.JOIN_ENV, client.CHECKPOINT_ENV,
-                            client.BALANCE_ENV, NODE_ENV, TYPE_ENV)
+                            client.BALANCE_ENV, NODE_ENV, TYPE_ENV, JOB_ENV)
         self.spawned = 0
         self.started = False
         self.done: Optional[int] = None  # the job's exit code once every process has exited
@@ -163,7 +165,7 @@ class JobSupervisor:
     def cancel(self) -> None:
         """End every process of the job and give their slots back."""
         with self.lock:
-            self._kill(list(self.processes))
+            self._end_processes()
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> Report:
@@ -231,10 +233,12 @@ class JobSupervisor:
         except (ray.exceptions.RayError, ValueError):  # never started (its actor died first), or its node went
             pass
 
-    def _kill(self, names: List[str]) -> None:
-        """End these processes and wait for their ends, so that none outlives the job's end (a job resumed at once
-        must never meet a process of its last incarnation); their slots come free."""
-        kills = {self.processes[n].actor.kill.remote(): n for n in names if not self.processes[n].retired}
+    def _end_processes(self) -> None:
+        """End every process of the job and wait for their ends, so that none outlives the job's end (a job resumed
+        at once must never meet a process of its last incarnation); their slots come free. A slot's actor that does
+        not answer its kill (stopped, or still starting) is killed, and its node's fork server ends what it may
+        have started and starts nothing of this incarnation again."""
+        kills = {p.actor.kill.remote(): name for name, p in self.processes.items() if not p.retired}
         answered, _ = ray.wait(list(kills), num_returns=len(kills), timeout=10)  # one never placed: no answer
         for ref, name in kills.items():
             try:
@@ -243,11 +247,13 @@ class JobSupervisor:
                 code, started = -9, False
             self._exited(name, code)
             self._retire(name, keep_log=started)
+        up = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        end_job(self.job_id, {p.node for p in self.processes.values()} & up, self.incarnation)
 
     def _start(self, name: str, node: str, joining: bool) -> None:
         env = dict(self.env)
         env.update({self.client.STORE_ENV: self.address, self.client.SECRET_ENV: self.secret, self.client.ID_ENV: name,
-                    self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node})
+                    self.client.JOIN_ENV: "1" if joining else "0", NODE_ENV: node, JOB_ENV: self.incarnation})
         env.setdefault(self.client.CHECKPOINT_ENV, self.checkpoints)
         if determinism.ISA_ENV in env:  # D2: it may span device types, so it balances by measured speed (rank 0)
             env.setdefault(self.client.BALANCE_ENV, "1")
@@ -306,7 +312,7 @@ class JobSupervisor:
         if failed is not None and store.progress() is None:
             # One of the first processes failed before the job's first step: the others would wait for it in the
             # first group until its timeout, and the same script on slots of the same kind fails the same way.
-            self._kill([w for w, p in processes.items() if p.state != ProcessState.GONE])
+            self._end_processes()
             self.done, self.done_at = failed, time.time()
             return
         members = self.client.current_members(store)
@@ -315,7 +321,7 @@ class JobSupervisor:
                 processes[m].state = ProcessState.TRAINING
         alive = [w for w, p in processes.items() if p.state != ProcessState.GONE]
         if all(processes[m].state == ProcessState.GONE for m in members):
-            self._end(members, alive)
+            self._end(members)
             return
         if any(processes[m].state == ProcessState.GONE for m in members):
             return  # ending, or recovering from a lost process: act on the generation that follows
@@ -354,11 +360,11 @@ class JobSupervisor:
                 processes[m].state = ProcessState.LEAVING
                 store.release(m)
 
-    def _end(self, members: List[str], alive: List[str]) -> None:
+    def _end(self, members: List[str]) -> None:
         """Every member has exited: the job is done, finished or not (suspended, orphaned, failed)."""
         processes = self.processes
         codes = [processes[m].exit_code for m in members] or [0]
-        self._kill(alive)  # joiners nobody will admit (one may wait for a slot that never comes: no call)
+        self._end_processes()  # joiners nobody will admit (one may wait for a slot that never comes: no call)
         stopped = self.store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
         finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
         killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script set its

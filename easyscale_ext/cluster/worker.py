@@ -4,19 +4,22 @@ process dies with the actor (a node lost, the actor killed): no training process
 
 The process is forked by its node's fork server (`NodeForkServer`: `easyscale_ext.spawn` in a Ray actor, one per
 node), which has imported torch once for every process the node starts, where its environment allows; else it is
-the actor's child, a fresh interpreter."""
+the actor's child, a fresh interpreter. Every process carries its job's incarnation in its environment (JOB_ENV):
+when a job ends, each of its nodes' fork servers ends what is left of it, however it was started (end_job)."""
 import os
 import select
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+import time
+from collections import deque
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import spawn
-from . import NAMESPACE
+from . import JOB_ENV, NAMESPACE
 
 # Run before the script, in its process: the kernel sends it SIGKILL when the actor's process ends (Linux's
 # PR_SET_PDEATHSIG, kept across exec). Not a preexec_fn: Python code between fork and exec can deadlock in
@@ -26,6 +29,7 @@ DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, s
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # a slot's own (Ray sets it per actor): read when the process first uses CUDA
 GLOO_ENV = "GLOO_SOCKET_IFNAME"  # the interface gloo binds to; unset, it takes the address the hostname resolves to
 END_WITHIN_S = 30  # what NodeForkServer.end waits for a killed process to end (the supervisor, a little longer)
+ENDED_KEPT = 1024  # incarnations a fork server refuses to start again: a slot's late start comes within seconds
 
 
 @ray.remote(num_cpus=0)
@@ -35,12 +39,15 @@ class NodeForkServer:
 
     def __init__(self):
         self.children: Dict[int, tuple] = {}  # pid -> (its spawn.Forked, its slot actor's pid, its argv, its env)
+        self.ended = deque(maxlen=ENDED_KEPT)  # the job incarnations (JOB_ENV) whose end was asked: none starts again
 
     def start(self, argv: List[str], env: Dict[str, str], per_process: Sequence[str], log_path: str,
               slot_pid: int) -> Optional[int]:
         """The pid of `argv` forked with this node's environment and `env`, dying with process `slot_pid`; None
         where its environment differs from the fork server's in more than `per_process` (its slot starts it)."""
         env = dict(os.environ, **env)
+        if env.get(JOB_ENV) in self.ended:  # its slot's actor was on its way when the job ended
+            raise RuntimeError(f"job incarnation {env[JOB_ENV]} has ended: no process of it starts")
         if not spawn.forkable(argv, env, per_process):
             return None
         self._forget_orphans()
@@ -59,19 +66,46 @@ class NodeForkServer:
     def end(self, pid: int) -> None:
         """Kill process `pid` of this node, with what it started, and wait until it is gone: a slot's process whose
         actor Ray took for dead lives on until the actor's process has ended, seconds later under load."""
-        try:
-            ended = os.pidfd_open(pid)
-        except ProcessLookupError:
-            ended = None
-        if ended is not None:
+        self._end([pid])
+
+    def end_job(self, job: str, incarnation: Optional[str] = None) -> List[int]:
+        """End every process of job `job` on this node (forked here, or started fresh by a slot's actor: found by
+        the JOB_ENV in its environment) and wait until they are gone; with `incarnation`, start no process of it
+        again. A job is done only then: a slot's actor that did not answer its kill (stopped, or still starting)
+        may have a process running, or one on its way. Returns the pids it ended."""
+        if incarnation is not None:
+            self.ended.append(incarnation)
+        mine = lambda value: (value or "").startswith(f"{job}:")  # noqa: E731
+        pids = [pid for pid, (child, _, _, env) in self.children.items()
+                if child.poll() is None and mine(env.get(JOB_ENV))]
+        pids += [pid for pid in _started_fresh(JOB_ENV, mine) if pid not in pids]
+        self._end(pids)
+        return pids
+
+    def _end(self, pids: Iterable[int]) -> None:
+        """SIGKILL each process's session (what it started ends with it), then wait for each end."""
+        pids, ends = list(pids), {}
+        for pid in pids:
             try:
-                os.killpg(pid, signal.SIGKILL)  # its session, as SlotWorker.kill
-                if not select.select([ended], [], [], END_WITHIN_S)[0]:  # in an uninterruptible wait (a hung disk):
-                    raise TimeoutError(f"process {pid} has not ended {END_WITHIN_S} s after SIGKILL")  # stay usable
-            finally:
+                ends[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:  # its process group, as SlotWorker.kill: a job process leads a session, its children are in it
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+        try:
+            deadline = time.monotonic() + END_WITHIN_S
+            for pid, ended in ends.items():
+                if not select.select([ended], [], [], max(deadline - time.monotonic(), 0))[0]:  # in an
+                    # uninterruptible wait (a hung disk): say so, and stay usable
+                    raise TimeoutError(f"process {pid} has not ended {END_WITHIN_S} s after SIGKILL")
+        finally:
+            for ended in ends.values():
                 os.close(ended)
-        if pid in self.children:  # this server's child: its exit code read, its record dropped
-            self.children.pop(pid)[0].wait()
+        for pid in pids:
+            if pid in self.children:  # this server's child: its exit code read, its record dropped
+                self.children.pop(pid)[0].wait()
 
     def running(self, variables: Sequence[str]) -> Dict[int, tuple]:
         """{pid: (argv, {name: value} of `variables` in its environment)} of each child still running: what /proc
@@ -98,10 +132,7 @@ class SlotWorker:
         interface = interface_of(ray.util.get_node_ip_address())
         if interface and GLOO_ENV not in env:
             env = dict(env, **{GLOO_ENV: interface})
-        node = ray.get_runtime_context().get_node_id()
-        self.server = NodeForkServer.options(
-            name=fork_server_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        self.server = fork_server(ray.get_runtime_context().get_node_id())
         self.process_pid = ray.get(self.server.start.remote(argv, env, [*per_process, GPUS_ENV], log_path, os.getpid()))
         self.child = None
         if self.process_pid is None:
@@ -158,6 +189,41 @@ class SlotWorker:
 def fork_server_name(node: str) -> str:
     """The Ray name (in NAMESPACE) of node `node`'s fork server."""
     return f"forkserver/{node}"
+
+
+def fork_server(node: str) -> ray.actor.ActorHandle:
+    """Node `node`'s fork server, started there if it has none yet."""
+    return NodeForkServer.options(
+        name=fork_server_name(node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+
+
+def end_job(job: str, nodes: Iterable[str], incarnation: Optional[str] = None) -> None:
+    """End every process of job `job` on each of `nodes` (NodeForkServer.end_job), and wait until they are gone (a
+    node that goes meanwhile takes its processes with it)."""
+    ends = [fork_server(node).end_job.remote(job, incarnation) for node in set(nodes)]
+    if not ends:
+        return
+    for ref in ray.wait(ends, num_returns=len(ends), timeout=END_WITHIN_S + 5)[0]:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:  # gone with its node
+            pass
+
+
+def _started_fresh(variable: str, match) -> List[int]:
+    """The processes of this machine whose environment's `variable` satisfies `match`: job processes started as fresh
+    interpreters (a forked one's environment, as /proc shows it, is its fork server's)."""
+    import psutil  # Ray's own dependency
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if match(process.environ().get(variable)):
+                found.append(process.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):  # ended, or not ours
+            continue
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -143,6 +143,39 @@ def test_a_job_suspended_before_its_processes_started_ends_suspended_and_never_s
     ray.kill(supervisor)
 
 
+def test_a_job_is_done_only_once_every_process_it_started_has_ended(cluster, tmp_path):
+    """A scheduler resumes a suspended job as soon as its supervisor says it is done: no process of the job may run
+    then, or the job runs twice at once. A joiner whose slot's actor cannot answer its kill (its host silent: the
+    actor and the joiner's process stopped) used to outlive the job's end: the supervisor took its actor for
+    killed, and the process, which ends when its actor's process does, cannot while stopped. Its node's fork
+    server ends it now, and starts nothing of that incarnation again."""
+    a, b = cluster.node_ids()
+    supervisor, status = started_job(tmp_path, "job-silent", [a], 6.0, "--steps", "200")
+    stopped = []
+    try:
+        ray.get(supervisor.place.remote([a, b]))  # a joiner on b; admitted at a step boundary (every 6 s) once ready
+        wait(lambda: "w1" in ray.get(supervisor.names.remote()), "a joiner")
+        joiner = ray.get_actor("job-silent/w1", namespace=NAMESPACE)
+        pid = ray.get(joiner.pid.remote(), timeout=START_S)
+        slot_pid = ray._private.state.actors(joiner._actor_id.hex())["Pid"]  # no public call says an actor's pid
+        for p in (slot_pid, pid):
+            os.kill(p, signal.SIGSTOP)
+            stopped.append(p)
+        assert status().members == ["w0"], status()  # stopped before it was ready
+        ray.get(supervisor.suspend.remote())  # w0 leaves at its next boundary; w1 is withdrawn, then killed
+        wait(lambda: status().done is not None, "the end")
+        assert not running(str(pid)), "the joiner's process outlived its job's end"
+        assert status().suspended is not None and status().holding == []
+    finally:
+        for p in stopped:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        ray.get(supervisor.cancel.remote())
+        ray.kill(supervisor)
+
+
 # A process that starts a process of its own, says whether torch was loaded before its first line, and waits.
 STARTS_ONE = """\
 import os, subprocess, sys, time
