@@ -256,7 +256,7 @@ def wide(models, procs, repeats, steps, json_path) -> None:
 
 WIDE_MODELS = {"mlp": 16, "wide-transformer": 2}  # model: batch a process
 PAIR_BATCH = {"convbn": 32, "transformer": 16, **WIDE_MODELS}
-BREAKDOWN = ("forward", "backward", "exchange", "overlap", "tail")
+BREAKDOWN = ("cpu", "forward", "backward", "exchange", "overlap", "tail")
 REDUCER_PARTS = ("fold", "send", "wait", "top", "gather", "grads")
 
 
@@ -328,10 +328,10 @@ def child_pair(kind, rank, init, steps, model_name, procs):
         dist.barrier()
         for k in parts:
             parts[k] = 0.0
-        t = time.time_ns()  # the clock both loggers' timestamps are on
+        t, cpu = time.time_ns(), time.process_time()  # the clock both loggers' timestamps are on; every thread's CPU
         loss_of(ddp, batch).backward()
         ends.append(time.time_ns())
-        rows.append({"step": (ends[-1] - t) / 1e6})
+        rows.append({"step": (ends[-1] - t) / 1e6, "cpu": (time.process_time() - cpu) * 1e3})
         reducer_parts.append({k: v * 1e3 for k, v in parts.items()})
         if i >= 1:  # the logging data tell of the step before, as DDP publishes a step's at the next forward
             d = ddp._get_ddp_logging_data()

@@ -56,6 +56,20 @@ class _Bucket:
             at += p.numel()
         return out
 
+    def pieces(self) -> List[List[Tuple[int, int, int, int]]]:
+        """Per chunk: the parameters' parts in it, as (parameter index, start in its flattened gradient, length,
+        start in the chunk); the padding is in none."""
+        out: List[List[Tuple[int, int, int, int]]] = [[] for _ in range(self.padded // self.chunk)]
+        at = 0
+        for k, p in enumerate(self.params):
+            lo, hi = at, at + p.numel()
+            for q in range(lo // self.chunk, -(-hi // self.chunk)):
+                a, b = max(lo, q * self.chunk), min(hi, (q + 1) * self.chunk)
+                if b > a:
+                    out[q].append((k, a - lo, b - a, a - q * self.chunk))
+            at = hi
+        return out
+
 
 def _bucketed(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> List[List[torch.nn.Parameter]]:
     """Parameters in reverse registration order (about the order backward readies them), cut into buckets of
@@ -107,6 +121,11 @@ class CanonicalReducer:
         # chunk q of a chunked bucket written by process q.
         self.reduced = [b.flat() if exchanged else self.slots[self.root_slots[0]][i]
                         for i, b in enumerate(self.buckets)]
+        # A chunked bucket's result goes straight into the parameters' .grad where they can take it (direct[i][k]),
+        # into self.reduced elsewhere: the top and the gather work on parameters' parts (pieces), the same on every
+        # process whatever each one's .grad, so that sends and receives pair up.
+        self.pieces = [b.pieces() if exchanged and not whole else None for b, whole in zip(self.buckets, self.whole)]
+        self.direct = [[False] * len(b.params) for b in self.buckets]
         self._zeros: Dict[int, torch.Tensor] = {}
         self.unused: List[str] = []
         # Per bucket and parameter: whether any local worker of this step produced a gradient.
@@ -249,20 +268,24 @@ class CanonicalReducer:
         self._group = group
         while len(self._exchanges) < len(self.buckets):
             self._start_exchange(len(self._exchanges))
-        used = self._used_by_any_worker(group) if self.find_unused else None
+        used = self._used_by_any_worker(group) if self.find_unused else [[True] * len(b.params) for b in self.buckets]
         exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
-        gathers = [None if self.procs == 1 else self._complete(group, i, exchanges[i])
+        gathers = [None if self.procs == 1 else self._complete(group, i, exchanges[i], used[i],
+                                                               gradient_as_bucket_view)
                    for i in range(len(self.buckets))]
         for i in range(len(self.buckets)):
             if gathers[i] is not None:
                 gathers[i].wait()
-            self._write_grads(i, used[i] if used is not None else None, gradient_as_bucket_view)
+            self._write_grads(i, used[i], gradient_as_bucket_view)
 
-    def _write_grads(self, i: int, used: Optional[List[bool]], gradient_as_bucket_view: bool) -> None:
-        """Bucket i's reduced gradient into its parameters' .grad (None for those no worker used)."""
-        bucket = self.buckets[i]
+    def _write_grads(self, i: int, used: List[bool], gradient_as_bucket_view: bool) -> None:
+        """Bucket i's reduced gradient into its parameters' .grad (None for those no worker used), but where the
+        exchange wrote it there."""
+        bucket, direct = self.buckets[i], self.direct[i]
         for k, (p, g) in enumerate(zip(bucket.params, bucket.views(self.reduced[i]))):
-            if used is not None and not used[k]:
+            if direct[k]:
+                direct[k] = False
+            elif not used[k]:
                 p.grad = None
             elif gradient_as_bucket_view and p.dtype == g.dtype:
                 p.grad = g
@@ -271,21 +294,31 @@ class CanonicalReducer:
             else:
                 p.grad = g.to(p.dtype, copy=True)
 
-    def _complete(self, group, i: int, exchange: "_Pending") -> Optional["_Pending"]:
+    def _complete(self, group, i: int, exchange: "_Pending", used: List[bool],
+                  gradient_as_bucket_view: bool) -> Optional["_Pending"]:
         """Wait for bucket i's exchange, finish the tree for this process's chunk, and start sending that chunk
-        to every other process (and receiving theirs) in self.reduced[i]; returns the gather's handle (None where
-        the result is there already: one addition, or `whole`)."""
+        to every other process (and receiving theirs); returns the gather's handle (None where the result is
+        there already: one addition, or `whole`). The chunked result lands in each parameter's .grad where it can
+        (`direct`), else in self.reduced[i]."""
         exchange.wait()
         if self.one_addition:
             return None  # the root slot holds r0 + r1
-        c, whole = self.part[i], self.whole[i]
-        result = self.reduced[i] if whole else self.reduced[i][self.rank * c:(self.rank + 1) * c]
-        fold_plan_(result, self._pushed[i], self.top_plan, self.top_result)
-        if whole:
+        if self.whole[i]:
+            fold_plan_(self.reduced[i], self._pushed[i], self.top_plan, self.top_result)
             return None
+        bucket, direct = self.buckets[i], self.direct[i]
+        into = []  # each parameter's destination, flat
+        for k, (p, view) in enumerate(zip(bucket.params, bucket.views(self.reduced[i]))):
+            g = p.grad
+            direct[k] = (used[k] and not gradient_as_bucket_view and g is not None and g.layout == torch.strided
+                         and g.dtype == bucket.acc_dtype and g.shape == p.shape and g.is_contiguous())
+            into.append(g.view(-1) if direct[k] else view.view(-1))
+        parts = [[into[k][a:a + n] for k, a, n, _ in chunk] for chunk in self.pieces[i]]
+        for (_, _, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
+            fold_plan_(out, [pushed[at:at + n] for pushed in self._pushed[i]], self.top_plan, self.top_result)
         peers = [q for q in range(self.procs) if q != self.rank]
-        return self._point_to_point(group, {q: [result] for q in peers},
-                                    {q: [self.reduced[i][q * c:(q + 1) * c]] for q in peers}, tag=2 * i + 1)
+        return self._point_to_point(group, {q: parts[self.rank] for q in peers}, {q: parts[q] for q in peers},
+                                    tag=2 * i + 1)
 
 
 class _Pending:

@@ -81,11 +81,12 @@ SMALL_BUCKETS = 0.002  # MB: the test CNN in three buckets of 5, 1 and 4 paramet
 
 
 @pytest.mark.parametrize("model,procs,ranges,whole_bytes", [
-    ("cnn", 2, "0,3,4", 0), ("cnn", 4, "", -1), ("cnn", 4, "", 0), ("branchy", 2, "", -1)],
-    ids=["split3+1-chunks", "P4-whole", "P4-chunks", "branchy"])
+    ("cnn", 2, "0,3,4", 0), ("cnn", 4, "", -1), ("cnn", 4, "", 0), ("branchy", 2, "", -1), ("branchy", 4, "", 0)],
+    ids=["split3+1-chunks", "P4-whole", "P4-chunks", "branchy", "branchy-P4-chunks"])
 def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, ranges, whole_bytes):
     # several buckets, an uneven split, parameters no worker used, small buckets exchanged whole (the default
-    # for these) or in chunks: the same canonical sums
+    # for these) or in chunks (their results written into the parameters' .grad, but for those no worker used):
+    # the same canonical sums
     assert run_job("easyscale", procs=procs, n=4, model=model, ranges=ranges, bucket_cap_mb=SMALL_BUCKETS,
                    whole_bytes=whole_bytes) == reference(model)
 
