@@ -233,8 +233,9 @@ def wide(models, procs, repeats, steps, json_path) -> None:
     its slowest rank's median step, and that rank's breakdown."""
     results = []
     print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, N = P; medians over {repeats} rounds of "
-          f"runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms\n")
-    print("| model | P | EasyScaleDDP | torch DDP | ratio | " + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN)
+          f"runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms; the ratio is the "
+          "median of each round's, with the lowest and highest\n")
+    print("| model | P | EasyScaleDDP | torch DDP | ratio [min, max] | " + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN)
           + " | reducer: " + ", ".join(REDUCER_PARTS) + " |")
     print("|---|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
     for model_name in models:
@@ -245,8 +246,11 @@ def wide(models, procs, repeats, steps, json_path) -> None:
                     runs[kind].append(max(spawn_pair(kind, steps, model_name, p), key=lambda x: x["step"]))
             med = {kind: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for kind, rs in runs.items()}
             es_, ddp_ = med["easyscale"], med["ddp"]
-            results.append(dict(model=model_name, procs=p, runs=runs, medians=med))
-            print(f"| {model_name} | {p} | {es_['step']:.1f} | {ddp_['step']:.1f} | {es_['step'] / ddp_['step']:.3f}x | "
+            # each round's two runs are neighbours in time: their ratio is freer of the machine's drift
+            ratios = sorted(e["step"] / d["step"] for e, d in zip(runs["easyscale"], runs["ddp"]))
+            results.append(dict(model=model_name, procs=p, runs=runs, medians=med, ratios=ratios))
+            print(f"| {model_name} | {p} | {es_['step']:.1f} | {ddp_['step']:.1f} | {statistics.median(ratios):.3f}x "
+                  f"[{ratios[0]:.2f}, {ratios[-1]:.2f}] | "
                   + " | ".join(f"{es_[k]:.1f} / {ddp_[k]:.1f}" for k in BREAKDOWN) + " | "
                   + ", ".join(f"{es_[k]:.1f}" for k in REDUCER_PARTS) + " |", flush=True)
     if json_path:

@@ -47,14 +47,15 @@ def fold_(acc: Sequence[torch.Tensor], src: Sequence[torch.Tensor], scale: float
     _ops.fold_(list(acc), list(src), float(scale), bool(accumulate), None if frozen is None else list(frozen))
 
 
-def fold_plan_(out: torch.Tensor, pushed: Sequence[torch.Tensor], plan: Sequence[int], result: int) -> None:
+def fold_plan_(out: torch.Tensor, pushed: Sequence[torch.Tensor], plan: Sequence[int], result: int,
+               scale: float = 1.0) -> None:
     """out = slot `result` after a fold plan, in one pass: what applying the plan's operations with ``fold_`` one by
-    one (scale 1) leaves there, bit for bit, with no slot buffers. `plan`: flat (push, dst, src, accumulate)
-    quadruples in order, as `plan_of` makes them from FoldStack pushes; `pushed` and `out`: float32 or float64, one
-    size."""
+    one (each push at `scale`, each merge of partial sums at 1) leaves there, bit for bit, with no slot buffers.
+    `plan`: flat (push, dst, src, accumulate) quadruples in order, as `plan_of` makes them from FoldStack pushes;
+    `pushed` and `out`: float32 or float64, one size; `out` may be one of `pushed`."""
     if len(pushed) == 0:
         raise ValueError("fold_plan_ needs at least one pushed tensor")
-    _ops.fold_plan_(out, list(pushed), list(plan), int(result))
+    _ops.fold_plan_(out, list(pushed), list(plan), int(result), float(scale))
 
 
 def plan_of(pushes: Sequence[Sequence]) -> List[int]:
@@ -90,7 +91,7 @@ def _fold_fake(acc, src, scale, accumulate, frozen=None):
 
 
 @torch.library.register_fake("easyscale::fold_plan_")
-def _fold_plan_fake(out, pushed, plan, result):
+def _fold_plan_fake(out, pushed, plan, result, scale=1.0):
     return None
 
 

@@ -29,17 +29,19 @@ void canonical_sum_cpu(DType in, DType out, const TensorList& list, int num_thre
 void fold_cpu(DType in, const TensorList& list, double scale, bool accumulate, int num_threads);
 
 // One operation of a fold plan (a FoldStack's operations over several pushes, in order): slot[dst] =
-// (accumulate ? slot[dst] + v : v), where v is pushed buffer `push` (src == FoldOp::kPushed) or slot[src].
+// (accumulate ? slot[dst] + v : v), where v is pushed buffer `push` times the plan's scale (src ==
+// FoldOp::kPushed) or slot[src].
 struct PlanOp {
   int32_t push, dst, src, accumulate;
 };
 constexpr int kMaxPlanSlots = 64;  // a FoldStack over n leaves holds at most log2(n) + 1
 
 // out = slot[result] after applying `plan` to every element: what the plan's fold launches compute one by
-// one at scale 1, bit for bit, reading each pushed buffer once and writing `out` once (no slot buffers).
-// pushed[j] and out hold `numel` elements of `acc` (F32 or F64).
+// one (pushes at `scale`, merges of slots at 1), bit for bit, reading each pushed buffer once and writing
+// `out` once (no slot buffers). pushed[j] and out hold `numel` elements of `acc` (F32 or F64); out may be
+// one of the pushed buffers (each element is read before it is written).
 void fold_plan_cpu(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
-                   const std::vector<PlanOp>& plan, int result, int num_threads);
+                   const std::vector<PlanOp>& plan, int result, double scale, int num_threads);
 
 // norms[g] = sqrt(canonical tree over the tensors of group g, in list order,
 // of each tensor's canonical tree over its squared elements), in Acc<in>.
@@ -61,7 +63,7 @@ struct CudaLaunch {
 void canonical_sum_cuda(DType in, DType out, const TensorList& list, const CudaLaunch& launch);
 void fold_cuda(DType in, const TensorList& list, double scale, bool accumulate, const CudaLaunch& launch);
 void fold_plan_cuda(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
-                    const std::vector<PlanOp>& plan, int result, const CudaLaunch& launch);
+                    const std::vector<PlanOp>& plan, int result, double scale, const CudaLaunch& launch);
 // `scratch` holds group_norms_scratch_bytes(...) bytes of device memory.
 int64_t group_norms_scratch_bytes(DType in, const TensorList& list);
 void group_norms_cuda(DType in, const TensorList& list, const std::vector<int32_t>& group_of,

@@ -135,13 +135,14 @@ void fold_cpu(DType in, const TensorList& list, double scale, bool accumulate, i
 }
 
 void fold_plan_cpu(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
-                   const std::vector<PlanOp>& plan, int result, int num_threads) {
+                   const std::vector<PlanOp>& plan, int result, double scale, int num_threads) {
   check_plan(acc, plan, static_cast<int64_t>(pushed.size()), result);
   dispatch_dtype(acc, [&](auto tag) {
     using A = decltype(tag);
     if constexpr (std::is_same_v<A, float> || std::is_same_v<A, double>) {
       int slots = result + 1;
       for (const PlanOp& op : plan) slots = std::max({slots, op.dst + 1, op.src + 1});
+      const A pushed_scale = static_cast<A>(scale);
       A* dst = static_cast<A*>(out);
       // Runs of kRunWidth elements, their slots a small tile that stays in cache: each op a vector loop.
       parallel_chunks(chunks_of({numel}, kChunk), num_threads, [&](const Chunk& c) {
@@ -150,12 +151,13 @@ void fold_plan_cpu(DType acc, const std::vector<const void*>& pushed, void* out,
           const int64_t width = std::min<int64_t>(kRunWidth, c.end - at);
           for (const PlanOp& op : plan) {
             A* d = tile.data() + op.dst * kRunWidth;
-            const A* v = op.src == FoldOp::kPushed ? static_cast<const A*>(pushed[op.push]) + at
-                                                   : tile.data() + op.src * kRunWidth;
+            const bool is_push = op.src == FoldOp::kPushed;
+            const A* v = is_push ? static_cast<const A*>(pushed[op.push]) + at : tile.data() + op.src * kRunWidth;
+            const A s = is_push ? pushed_scale : A(1);
             if (op.accumulate)
-              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(d[i], v[i], A(1), true);
+              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(d[i], v[i], s, true);
             else
-              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(A(0), v[i], A(1), false);
+              for (int64_t i = 0; i < width; ++i) d[i] = fold_leaf<A>(A(0), v[i], s, false);
           }
           std::copy_n(tile.data() + result * kRunWidth, width, dst + at);
         }

@@ -84,8 +84,8 @@ TEST(fold_plan_matches_cpu) {
     }
     std::vector<char> cpu_out(numel * dtype_size(t));
     DeviceBuffer gpu_out(nullptr, cpu_out.size());
-    fold_plan_cpu(t, cpu_in, cpu_out.data(), numel, plan, top.slots()[0], 2);
-    fold_plan_cuda(t, gpu_in, gpu_out.ptr, numel, plan, top.slots()[0], kLaunch);
+    fold_plan_cpu(t, cpu_in, cpu_out.data(), numel, plan, top.slots()[0], 1.0 / 12, 2);
+    fold_plan_cuda(t, gpu_in, gpu_out.ptr, numel, plan, top.slots()[0], 1.0 / 12, kLaunch);
     CHECK(gpu_out.to_host() == cpu_out);
   }
 }

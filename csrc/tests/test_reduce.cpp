@@ -128,6 +128,7 @@ static std::vector<PlanOp> top_plan(int64_t n, int64_t procs, int64_t* pushes, i
 }
 
 TEST(fold_plan_equals_its_folds_one_by_one) {
+  const double kScale = 1.0 / 3;  // a leaf's weight 1/N, not a power of two: every push rounds
   for (auto [n, procs] : std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {7, 3}, {12, 5}, {64, 64}, {1000, 7}}) {
     int64_t pushes = 0;
     int result = 0;
@@ -145,22 +146,28 @@ TEST(fold_plan_equals_its_folds_one_by_one) {
       list.inputs = {op.src == FoldOp::kPushed ? pushed[op.push].data() : slots[op.src].data()};
       list.outputs = {slots[op.dst].data()};
       list.numels = {numel};
-      fold_cpu(DType::F32, list, 1.0, op.accumulate, 1);
+      // pushes at the plan's scale, merges of partial sums at 1
+      fold_cpu(DType::F32, list, op.src == FoldOp::kPushed ? kScale : 1.0, op.accumulate, 1);
     }
     std::vector<float> out(numel);
-    fold_plan_cpu(DType::F32, pointers, out.data(), numel, plan, result, 2);
+    fold_plan_cpu(DType::F32, pointers, out.data(), numel, plan, result, kScale, 2);
     CHECK(memcmp(out.data(), slots[result].data(), numel * sizeof(float)) == 0);
+    // in place: out one of the pushed buffers
+    std::vector<float> first = pushed[0];
+    pointers[0] = first.data();
+    fold_plan_cpu(DType::F32, pointers, first.data(), numel, plan, result, kScale, 2);
+    CHECK(memcmp(first.data(), slots[result].data(), numel * sizeof(float)) == 0);
   }
   std::vector<float> x(4), out(4);
   std::vector<const void*> one{x.data()};
   CHECK(throws<std::invalid_argument>([&] {  // reads slot 1 before anything wrote it
-    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}, {0, 0, 1, 1}}, 0, 1);
+    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}, {0, 0, 1, 1}}, 0, 1.0, 1);
   }));
   CHECK(throws<std::invalid_argument>([&] {  // the result slot is never written
-    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 1, 1);
+    fold_plan_cpu(DType::F32, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 1, 1.0, 1);
   }));
   CHECK(throws<std::invalid_argument>([&] {  // partial sums are never half precision
-    fold_plan_cpu(DType::F16, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 0, 1);
+    fold_plan_cpu(DType::F16, one, out.data(), 4, {{0, 0, FoldOp::kPushed, 0}}, 0, 1.0, 1);
   }));
 }
 

@@ -22,11 +22,11 @@ void fold_cpu_op(at::TensorList acc, at::TensorList src, double scale, bool accu
   fold_cpu(to_dtype(src[0].scalar_type()), list, scale, accumulate, at::get_num_threads());
 }
 
-void fold_plan_cpu_op(at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan, int64_t result) {
+void fold_plan_cpu_op(at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan, int64_t result, double scale) {
   std::vector<const void*> pointers;
   std::vector<PlanOp> ops = plan_operands(out, pushed, plan, pointers);
   fold_plan_cpu(to_dtype(out.scalar_type()), pointers, out.data_ptr(), out.numel(), ops, static_cast<int>(result),
-                at::get_num_threads());
+                scale, at::get_num_threads());
 }
 
 at::Tensor group_norms_cpu_op(at::TensorList tensors, at::IntArrayRef group_of, int64_t num_groups) {
@@ -43,7 +43,7 @@ at::Tensor group_norms_cpu_op(at::TensorList tensors, at::IntArrayRef group_of, 
 TORCH_LIBRARY(easyscale, m) {
   m.def("canonical_sum(Tensor[] inputs, int k, ScalarType? out_dtype=None) -> Tensor[]");
   m.def("fold_(Tensor(a!)[] acc, Tensor[] src, float scale, bool accumulate, bool[]? frozen=None) -> ()");
-  m.def("fold_plan_(Tensor(a!) out, Tensor[] pushed, int[] plan, int result) -> ()");
+  m.def("fold_plan_(Tensor(a!) out, Tensor[] pushed, int[] plan, int result, float scale=1.0) -> ()");
   m.def("group_norms(Tensor[] tensors, int[] group_of, int num_groups) -> Tensor");
 }
 

@@ -5,9 +5,13 @@ as its backward is done, into a few partial-sum slots (the canonical tree's
 nodes inside the process's range; FoldStack plans it). Across processes the
 partials are exchanged reduce-scatter style: each process sends chunk q of
 each of its local roots to process q, point to point, straight from the
-slots; each process finishes the tree for its chunk, in place in the reduced
-buffer, and sends that chunk to every other process (an all_gather's bytes,
-with no send buffer packed). Where the tree's cross-process part is one
+slots; each process finishes the tree for its chunk and sends that chunk to
+every other process (an all_gather's bytes, with no send buffer packed), the
+result landing in the parameters' .grad (a buffer only for those whose .grad
+cannot take it). With one virtual worker per process (N = P) nothing is
+folded first: the gradients are sent from .grad as they are, and the top
+weighs each by 1/N as the fold would (the same roundings), a pass over the
+gradients fewer. Where the tree's cross-process part is one
 addition (two processes, each owning one subtree of the root: P = 2 with N
 even, for one), a plain all_reduce of the local roots computes exactly that
 addition (a + b == b + a bitwise), with the bytes of one all_reduce. A small
@@ -126,6 +130,11 @@ class CanonicalReducer:
         # process whatever each one's .grad, so that sends and receives pair up.
         self.pieces = [b.pieces() if exchanged and not whole else None for b, whole in zip(self.buckets, self.whole)]
         self.direct = [[False] * len(b.params) for b in self.buckets]
+        # One virtual worker per process (N = P, torch DDP's case): a chunked bucket's gradients go out as they are,
+        # not folded first; the top weighs each by 1/N (fold_plan_'s scale) as the fold would, bit for bit.
+        single = all(b - a == 1 for a, b in self.ranges)
+        self.raw = [single and pieces is not None for pieces in self.pieces]
+        self._raw: Dict[int, List[torch.Tensor]] = {}  # per raw bucket: this step's gradients, flat, as sent
         self._zeros: Dict[int, torch.Tensor] = {}
         self.unused: List[str] = []
         # Per bucket and parameter: whether any local worker of this step produced a gradient.
@@ -210,6 +219,10 @@ class CanonicalReducer:
             unused, self.unused = self.unused, []
             raise RuntimeError(f"parameters {unused[:5]} received no gradient in this virtual worker's backward; "
                                "pass find_unused_parameters=True to EasyScaleDDP if parts of the model are unused")
+        if self.raw[i]:
+            self._raw[i] = [g.view(-1).to(self.buckets[i].acc_dtype) for g in grads]
+            self._folded[i] = True
+            return
         for op in self.leaf_plans[local_index]:
             if op.src == _C.PUSHED:
                 fold_(self.slot_views[op.dst][i], grads, 1.0 / self.n, op.accumulate)
@@ -227,6 +240,9 @@ class CanonicalReducer:
             root = self.slots[self.root_slots[0]][i]
             self._exchanges.append(_Pending([dist.all_reduce(root, group=self._group, async_op=True)]))
             return
+        if self.raw[i]:
+            self._start_raw_exchange(i)
+            return
         c, whole, local = self.part[i], self.whole[i], [self.slots[s][i] for s in self.root_slots]
         if i not in self._pushed:
             self._pushed[i] = self._pushed_parts(i, local)
@@ -236,6 +252,19 @@ class CanonicalReducer:
                 sends[q] = [part if whole else part[q * c:(q + 1) * c] for part in local]
                 receives[q] = pushed[at:at + roots]
             at += roots
+        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=2 * i))
+
+    def _start_raw_exchange(self, i: int) -> None:
+        """Bucket i's exchange with one virtual worker per process: each process receives the others' gradients'
+        parts in its chunk, sent from their .grad."""
+        bucket, grads, mine = self.buckets[i], self._raw[i], self.pieces[i][self.rank]
+        if i not in self._pushed:  # where each other process's parts of this process's chunk land (kept)
+            self._pushed[i] = [None if q == self.rank else torch.empty(self.part[i], dtype=bucket.acc_dtype,
+                                                                       device=bucket.device)
+                               for q in range(self.procs)]
+        peers = [q for q in range(self.procs) if q != self.rank]
+        sends = {q: [grads[k][a:a + n] for k, a, n, _ in self.pieces[i][q]] for q in peers}
+        receives = {q: [self._pushed[i][q][at:at + n] for _, _, n, at in mine] for q in peers}
         self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=2 * i))
 
     def _pushed_parts(self, i: int, local: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -314,8 +343,13 @@ class CanonicalReducer:
                          and g.dtype == bucket.acc_dtype and g.shape == p.shape and g.is_contiguous())
             into.append(g.view(-1) if direct[k] else view.view(-1))
         parts = [[into[k][a:a + n] for k, a, n, _ in chunk] for chunk in self.pieces[i]]
-        for (_, _, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
-            fold_plan_(out, [pushed[at:at + n] for pushed in self._pushed[i]], self.top_plan, self.top_result)
+        own = self._raw.pop(i) if self.raw[i] else None  # this process's gradients (out may be one of them)
+        for (k, a, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
+            if own is None:
+                fold_plan_(out, [pushed[at:at + n] for pushed in self._pushed[i]], self.top_plan, self.top_result)
+            else:
+                pushed = [own[k][a:a + n] if q == self.rank else x[at:at + n] for q, x in enumerate(self._pushed[i])]
+                fold_plan_(out, pushed, self.top_plan, self.top_result, 1.0 / self.n)
         peers = [q for q in range(self.procs) if q != self.rank]
         return self._point_to_point(group, {q: parts[self.rank] for q in peers}, {q: parts[q] for q in peers},
                                     tag=2 * i + 1)

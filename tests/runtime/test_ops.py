@@ -421,6 +421,26 @@ def _top_plan(n, procs):
     return plan, top.slots()[0], len(nodes)
 
 
+def test_fold_plan_at_a_scale_equals_each_leaf_folded_first():
+    """One leaf per process: the top over the raw leaves with pushes at 1/N gives the bits of each process folding
+    its leaf (x * 1/N) and the top at scale 1; in place too (out one of the pushed tensors)."""
+    g = torch.Generator().manual_seed(17)
+    for n in (3, 12, 64):
+        plan, result, _ = _top_plan(n, n)
+        xs = [spiky((10_007,), torch.float32, g) for _ in range(n)]
+        roots = [torch.empty(10_007) for _ in range(n)]
+        for root, x in zip(roots, xs):
+            es.fold_([root], [x], 1.0 / n, False)
+        expected = torch.empty(10_007)
+        es.fold_plan_(expected, roots, plan, result)
+        out = torch.full((10_007,), float("nan"))
+        es.fold_plan_(out, xs, plan, result, 1.0 / n)
+        assert_bitwise(out, expected, f"n={n}")
+        first = xs[0].clone()
+        es.fold_plan_(first, [first, *xs[1:]], plan, result, 1.0 / n)
+        assert_bitwise(first, expected, f"n={n}, in place")
+
+
 def test_fold_plan_thread_count_invariant():
     g = torch.Generator().manual_seed(13)
     plan, result, pushes = _top_plan(64, 5)
@@ -557,8 +577,8 @@ def test_cuda_fold_plan_matches_cpu(dtype):
         plan, result, pushes = _top_plan(n, procs)
         pushed = [spiky((100_003,), dtype, g) for _ in range(pushes)]
         cpu, cuda = torch.empty(100_003, dtype=dtype), torch.empty(100_003, dtype=dtype, device="cuda")
-        es.fold_plan_(cpu, pushed, plan, result)
-        es.fold_plan_(cuda, [x.cuda() for x in pushed], plan, result)
+        es.fold_plan_(cpu, pushed, plan, result, 1.0 / n)
+        es.fold_plan_(cuda, [x.cuda() for x in pushed], plan, result, 1.0 / n)
         assert_bitwise(cuda.cpu(), cpu, f"n={n} procs={procs}")
 
 

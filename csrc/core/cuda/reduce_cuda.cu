@@ -156,13 +156,15 @@ __global__ void fold_kernel(ListView v, typename Acc<T>::type scale, bool accumu
 // One thread per element (grid-stride): the plan's slots are a per-thread array indexed at run time.
 template <typename A>
 __global__ void fold_plan_kernel(const A* const* pushed, A* out, int64_t numel, const PlanOp* plan, int ops,
-                                 int result) {
+                                 int result, A scale) {
   A slot[kMaxPlanSlots];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
     for (int j = 0; j < ops; ++j) {
       const PlanOp op = plan[j];
-      const A v = op.src == FoldOp::kPushed ? pushed[op.push][i] : slot[op.src];
-      slot[op.dst] = op.accumulate ? fold_leaf<A>(slot[op.dst], v, A(1), true) : fold_leaf<A>(v, v, A(1), false);
+      const bool is_push = op.src == FoldOp::kPushed;
+      const A v = is_push ? pushed[op.push][i] : slot[op.src];
+      const A s = is_push ? scale : A(1);
+      slot[op.dst] = op.accumulate ? fold_leaf<A>(slot[op.dst], v, s, true) : fold_leaf<A>(v, v, s, false);
     }
     out[i] = slot[result];
   }
@@ -248,7 +250,7 @@ void fold_cuda(DType in, const TensorList& list, double scale, bool accumulate, 
 }
 
 void fold_plan_cuda(DType acc, const std::vector<const void*>& pushed, void* out, int64_t numel,
-                    const std::vector<PlanOp>& plan, int result, const CudaLaunch& launch) {
+                    const std::vector<PlanOp>& plan, int result, double scale, const CudaLaunch& launch) {
   check_plan(acc, plan, static_cast<int64_t>(pushed.size()), result);
   if (numel == 0) return;
   TableBuilder table;
@@ -260,7 +262,7 @@ void fold_plan_cuda(DType acc, const std::vector<const void*>& pushed, void* out
     using A = decltype(tag);
     fold_plan_kernel<A><<<blocks, kThreads, 0, stream_of(launch)>>>(
         reinterpret_cast<const A* const*>(device + o_pushed), static_cast<A*>(out), numel,
-        reinterpret_cast<const PlanOp*>(device + o_plan), static_cast<int>(plan.size()), result);
+        reinterpret_cast<const PlanOp*>(device + o_plan), static_cast<int>(plan.size()), result, static_cast<A>(scale));
   };
   if (acc == DType::F64) launch_as(double{});
   else launch_as(float{});

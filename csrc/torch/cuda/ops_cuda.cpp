@@ -47,13 +47,13 @@ void fold_cuda_op(at::TensorList acc, at::TensorList src, double scale, bool acc
   fold_cuda(to_dtype(src[0].scalar_type()), list, scale, accumulate, up.launch());
 }
 
-void fold_plan_cuda_op(at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan, int64_t result) {
+void fold_plan_cuda_op(at::Tensor& out, at::TensorList pushed, at::IntArrayRef plan, int64_t result, double scale) {
   std::vector<const void*> pointers;
   std::vector<PlanOp> ops = plan_operands(out, pushed, plan, pointers);
   c10::cuda::CUDAGuard guard(out.device());
   Uploader up{out.device(), {}};
   fold_plan_cuda(to_dtype(out.scalar_type()), pointers, out.data_ptr(), out.numel(), ops, static_cast<int>(result),
-                 up.launch());
+                 scale, up.launch());
 }
 
 at::Tensor group_norms_cuda_op(at::TensorList tensors, at::IntArrayRef group_of, int64_t num_groups) {
