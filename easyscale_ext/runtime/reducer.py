@@ -13,8 +13,9 @@ folded first: the gradients are sent from .grad as they are, and the top
 weighs each by 1/N as the fold would (the same roundings), a pass over the
 gradients fewer. Where the tree's cross-process part is one
 addition (two processes, each owning one subtree of the root: P = 2 with N
-even, for one), a plain all_reduce of the local roots computes exactly that
-addition (a + b == b + a bitwise), with the bytes of one all_reduce. A small
+even, for one) and each process folds several workers, a plain all_reduce of
+the local roots computes exactly that addition (a + b == b + a bitwise), with
+the bytes of one all_reduce. A small
 bucket (what a process receives of it at most WHOLE_BYTES) is sent whole:
 every process receives every local root and finishes the whole tree itself
 (4 processes on 2 CPU cores, 72 KB: 2.4 against 5.0 ms); the tree's additions
@@ -115,7 +116,11 @@ class CanonicalReducer:
         top = _C.FoldStack(self.n)
         self.top_plan = plan_of([top.push(r.lo, r.hi) for a, b in self.ranges for r in _C.local_roots(a, b, self.n)])
         self.top_result = top.slots()[0]
-        self.one_addition = self.roots_per_proc == [1, 1]
+        # One virtual worker per process (N = P, torch DDP's case): a chunked bucket's gradients go out as they are,
+        # not folded first; the top weighs each by 1/N (fold_plan_'s scale) as the fold would, bit for bit. At P = 2
+        # that beats the one addition's all_reduce, which needs the folded root and its copy into .grad.
+        single = all(b - a == 1 for a, b in self.ranges)
+        self.one_addition = self.roots_per_proc == [1, 1] and not single
         # Per bucket, what each process finishes of the tree: one chunk, or all of a small bucket (`whole`).
         exchanged, roots = self.procs > 1 and not self.one_addition, sum(self.roots_per_proc)
         self.whole = [exchanged and b.padded * roots * b.acc_dtype.itemsize <= WHOLE_BYTES for b in self.buckets]
@@ -130,9 +135,6 @@ class CanonicalReducer:
         # process whatever each one's .grad, so that sends and receives pair up.
         self.pieces = [b.pieces() if exchanged and not whole else None for b, whole in zip(self.buckets, self.whole)]
         self.direct = [[False] * len(b.params) for b in self.buckets]
-        # One virtual worker per process (N = P, torch DDP's case): a chunked bucket's gradients go out as they are,
-        # not folded first; the top weighs each by 1/N (fold_plan_'s scale) as the fold would, bit for bit.
-        single = all(b - a == 1 for a, b in self.ranges)
         self.raw = [single and pieces is not None for pieces in self.pieces]
         self._raw: Dict[int, List[torch.Tensor]] = {}  # per raw bucket: this step's gradients, flat, as sent
         self._zeros: Dict[int, torch.Tensor] = {}

@@ -80,15 +80,16 @@ def test_parameters_no_worker_used_keep_no_gradient(procs):
 SMALL_BUCKETS = 0.002  # MB: the test CNN in three buckets of 5, 1 and 4 parameters, exchanged during backward
 
 
-@pytest.mark.parametrize("model,procs,ranges,whole_bytes", [
-    ("cnn", 2, "0,3,4", 0), ("cnn", 4, "", -1), ("cnn", 4, "", 0), ("branchy", 2, "", -1), ("branchy", 4, "", 0)],
-    ids=["split3+1-chunks", "P4-whole", "P4-chunks", "branchy", "branchy-P4-chunks"])
-def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, ranges, whole_bytes):
+@pytest.mark.parametrize("model,procs,n,ranges,whole_bytes", [
+    ("cnn", 2, 4, "0,3,4", 0), ("cnn", 4, 4, "", -1), ("cnn", 4, 4, "", 0), ("cnn", 2, 2, "", 0),
+    ("branchy", 2, 4, "", -1), ("branchy", 4, 4, "", 0)],
+    ids=["split3+1-chunks", "P4-whole", "P4-chunks", "N2P2-chunks", "branchy", "branchy-P4-chunks"])
+def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, n, ranges, whole_bytes):
     # several buckets, an uneven split, parameters no worker used, small buckets exchanged whole (the default
-    # for these) or in chunks (their results written into the parameters' .grad, but for those no worker used):
-    # the same canonical sums
-    assert run_job("easyscale", procs=procs, n=4, model=model, ranges=ranges, bucket_cap_mb=SMALL_BUCKETS,
-                   whole_bytes=whole_bytes) == reference(model)
+    # for these) or in chunks (their results written into the parameters' .grad, but for those no worker used;
+    # with one virtual worker per process, the gradients sent unfolded): the same canonical sums
+    assert run_job("easyscale", procs=procs, n=n, model=model, ranges=ranges, bucket_cap_mb=SMALL_BUCKETS,
+                   whole_bytes=whole_bytes) == reference(model, n=n)
 
 
 def test_two_backwards_in_the_last_worker_fail_clearly():
