@@ -25,6 +25,15 @@ def test_cnn_n4_every_placement_matches_reference(procs, ranges):
     assert run_job("easyscale", procs=procs, n=4, ranges=ranges) == reference()
 
 
+@pytest.mark.slow  # 25 processes, 64 virtual workers each step
+def test_n64_on_1_8_and_16_processes_is_one_hash():
+    # a real job's width: 64 virtual workers, 64, 8 or 4 of them a process (each process folds several, the top
+    # adds 8 or 16 partials, its chunks exchanged among up to 16 processes)
+    expected = reference(n=64, steps=2, epochs=1)
+    for procs in (1, 8, 16):
+        assert run_job("easyscale", procs=procs, n=64, steps=2, epochs=1, timeout=600) == expected, procs
+
+
 def test_dataloader_workers_do_not_change_bits():
     assert run_job("easyscale", procs=2, n=4, num_workers=2) == reference()
 
