@@ -8,7 +8,7 @@ import time
 from typing import Dict, Optional, Sequence
 
 from .. import spawn
-from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, current_members, new_secret, serve
+from .client import ID_ENV, JOIN_ENV, SECRET_ENV, STORE_ENV, new_secret, serve
 from .protocol import hosted
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,21 @@ class ElasticLauncher:
             self._spawn(joining=False)
         deadline = time.monotonic() + timeout_s
         killed, failed_joiners = set(), set()
+        # What the store said when last read: the generation and its members, the losses marked and whose. A poll
+        # reads the store a few times however many processes run; the marks only after a new loss.
+        generation, members, losses, lost = -1, [], -1, set()
         while any(c.poll() is None for c in self.children.values()):
             if time.monotonic() > deadline:
                 for c in self.children.values():
                     c.kill()
                     c.wait()
                 raise TimeoutError(f"elastic job still running after {timeout_s} s")
-            members = current_members(self.store)
+            newest = self.store.current_generation(since=max(generation, 0))
+            if newest != generation:
+                generation, members = newest, self.store.members(newest)
+            marked = self.store.losses()  # read before the marks: one marked meanwhile moves it again
+            if marked != losses:
+                losses, lost = marked, {w for w in self.children if self.store.is_lost(w)}
             waiting = [w for w, c in self.children.items()
                        if w not in members and c.poll() is None and not self.store.admitted(w)]
             if all(self.children[m].poll() is not None for m in members):
@@ -71,10 +79,10 @@ class ElasticLauncher:
                     killed.add(w)
                 break
             for w, c in self.children.items():
-                if c.poll() is None and self.store.is_lost(w):
+                if c.poll() is None and w in lost:
                     c.kill()  # the job went on without it (it hung, or stopped): it must not come back
                     c.wait()
-                if c.returncode in (None, 0) or self.store.is_lost(w):
+                if c.returncode in (None, 0) or w in lost:
                     continue
                 if c.returncode < 0 or w in first or self.store.admitted(w):
                     # Killed, or a member that died: the others go on without it at once (member.py's

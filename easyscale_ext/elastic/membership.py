@@ -2,10 +2,11 @@
 
 Generation g has an ordered member list in the job store and its own process group, formed on a
 PrefixStore("gen{g}"). Every process beats a counter into the store on a thread and connection of its own;
-a member whose counter has not moved for liveness_s (as seen by the observer: no clocks are compared across
-machines) is lost. The same thread cuts the current group when a member's beat lapses (gloo: its connections
-shut down; NCCL: its communicators aborted): a member that stops without closing its connections (a lost
-machine, a stopped process) would otherwise fail no collective before the group's timeout.
+a member whose counter has not moved for liveness_s (as seen by its watchers, the two members after it in rank
+order: no clocks are compared across machines) is marked lost. The same thread, on every member, cuts the current
+group once one of its members is marked (gloo: its connections shut down; NCCL: its communicators aborted): a
+member that stops without closing its connections (a lost machine, a stopped process) would otherwise fail no
+collective before the group's timeout.
 """
 import atexit
 import functools
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from .client import connect
 
 log = logging.getLogger(__name__)
+WATCHED = 2  # members whose beats each member watches: a stopped one has this many watchers, whatever the group's size
 
 
 class MemberLost(RuntimeError):
@@ -125,36 +127,52 @@ class Membership:
         """Wait until every member of `generation` is there to form its group; a member lost before
         (e.g. a joiner killed after it was admitted) raises MemberLost instead of stalling the rest."""
         self.store.arrive(generation, self.id)
-        while True:
-            missing = [m for m in self.members if not self.store.arrived(generation, m)]
-            if not missing:
-                return
-            lost = [m for m in missing if self.lost(m)]
-            if lost:
-                raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
+        looked, losses = time.monotonic(), self.store.losses()
+        while not self.store.arrived(generation, self.members):
+            # Who is missing, and whether lost, every liveness_s / 5 (liveness needs no more) or at a new loss
+            if time.monotonic() - looked > self.liveness_s / 5 or self.store.losses() != losses:
+                looked, losses = time.monotonic(), self.store.losses()
+                lost = [m for m in self.members if not self.store.arrived(generation, [m]) and self.lost(m)]
+                if lost:
+                    raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
             time.sleep(0.01)
 
     def _heartbeat(self, store) -> None:
-        """Beat this process's counter every liveness_s / 5 on a connection of its own, and watch the
-        members' beats: one that stopped without closing its connections fails no collective before the
-        group's timeout, so its lapse cuts the group here, which fails the collective this process waits in,
-        if any, at once (then recover())."""
-        liveness, cut = Liveness(store, self.liveness_s), None
+        """Beat this process's counter every liveness_s / 5 on a connection of its own, and watch the beats of the
+        WATCHED members after this one in rank order: one that stopped without closing its connections fails no
+        collective before the group's timeout, so its watchers mark it lost. Every member reads the count of
+        losses each period; once a member of its group is marked, it cuts the group here, which fails the
+        collective this process waits in, if any, at once (then recover()). A period costs WATCHED + 2 requests
+        however large the group; a new group or a new loss costs one look at every member's mark."""
+        liveness, cut, seen = Liveness(store, self.liveness_s), None, None  # seen: (generation, losses) looked at
         try:
             while not self._closing.is_set():
                 store.beat(self.id)
                 watch = self._watch
-                lapsed = [m for m in watch[1] if m != self.id and liveness.stale(m)] if watch else []
-                if lapsed and watch[0] != cut:
-                    cut = watch[0]
-                    for m in lapsed:  # recover() need not wait out another liveness_s to see it
+                if watch is not None and watch[0] != cut:
+                    generation, members, cutter = watch
+                    lapsed = [m for m in watched(members, self.id) if liveness.stale(m)]
+                    for m in lapsed:
                         store.mark_lost(m, "no heartbeat")
-                    log.warning("%s: no heartbeat from %s for %s s: cutting generation %d's group",
-                                self.id, ", ".join(lapsed), self.liveness_s, cut)
-                    watch[2]()
+                    losses = store.losses()
+                    if lapsed or seen != (generation, losses):
+                        seen = (generation, losses)
+                        lost = lapsed or [m for m in members if m != self.id and store.is_lost(m)]
+                        if lost:
+                            cut = generation
+                            log.warning("%s: %s lost (%s): cutting generation %d's group", self.id, ", ".join(lost),
+                                        "no heartbeat for %s s" % self.liveness_s if lapsed else "marked", cut)
+                            cutter()
                 self._closing.wait(self.liveness_s / 5)
         except Exception:  # the store is gone: the job is over
             return
+
+
+def watched(members: List[str], me: str) -> List[str]:
+    """The members whose heartbeats `me` watches: the WATCHED after it, around the rank order (each member has as
+    many watchers)."""
+    i = members.index(me)
+    return [members[(i + k) % len(members)] for k in range(1, min(WATCHED, len(members) - 1) + 1)]
 
 
 class Liveness:

@@ -98,6 +98,11 @@ class JobStore:
     # -- losses and failures ------------------------------------------------------------------------------------
     def mark_lost(self, worker: str, why: str) -> None:
         self.store.set(f"lost/{worker}", why)
+        self.store.add("losses", 1)  # after the mark: whoever sees the count move finds it
+
+    def losses(self) -> int:
+        """How many losses were marked so far: one read tells a watcher whether to look at anyone's mark."""
+        return int(self.store.add("losses", 0))
 
     def is_lost(self, worker: str) -> bool:
         return self.store.check([f"lost/{worker}"])
@@ -195,8 +200,9 @@ class JobStore:
     def arrive(self, generation: int, worker: str) -> None:
         self.store.set(f"gen/{generation}/arrived/{worker}", "1")
 
-    def arrived(self, generation: int, worker: str) -> bool:
-        return self.store.check([f"gen/{generation}/arrived/{worker}"])
+    def arrived(self, generation: int, workers: Sequence[str]) -> bool:
+        """Whether every one of `workers` entered `generation` (one request, however many)."""
+        return self.store.check([f"gen/{generation}/arrived/{w}" for w in workers])
 
     def group_store(self, generation: int) -> dist.Store:
         """Where torch's process group of `generation` rendezvouses."""
