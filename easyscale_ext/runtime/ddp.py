@@ -22,6 +22,7 @@ pickling and deepcopy, its logging data) is the mixin in ddp_parity.py.
 import atexit
 import collections
 import contextlib
+import os
 import statistics
 import time
 import weakref
@@ -74,7 +75,10 @@ class EasyScaleDDP(DDPParity, nn.Module):
     split), one after another in every step, each with its own data, RNG streams and buffers; their gradients are
     summed in one canonical order. `determinism_level`: "D0" (consistent data, RNG and reduction), "D1" (plus
     deterministic kernels and `num_threads` intra-op threads) or "D2" (plus the instruction-set floor `isa`, so
-    that processes on different machines agree). `freezer`: a layer-freezing policy (Freezer).
+    that processes on different machines agree). `freezer`: a layer-freezing policy (Freezer). `node_size`:
+    processes a node, ranks consecutive (default $LOCAL_WORLD_SIZE, which torchrun sets): where it divides P
+    into several nodes, gradients are reduced inside each node first and between nodes travel a ring
+    all-reduce's bytes, not node_size times more; the bits are the same.
 
     A step runs every local virtual worker's micro-batch inside :meth:`workers`; with one virtual worker per
     process a plain DDP loop works unchanged. Saved as `train.py`, `torchrun --nproc-per-node 1 train.py` (N = 4
@@ -113,7 +117,8 @@ class EasyScaleDDP(DDPParity, nn.Module):
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None, mixed_precision=None,
                  device_mesh=None, *, virtual_world_size: Optional[int] = None,
                  virtual_ranks: Optional[Tuple[int, int]] = None, determinism_level="D0", isa: Optional[str] = None,
-                 num_threads: int = 1, context_capacity_bytes: int = 8 << 30, freezer: Optional[Freezer] = None):
+                 num_threads: int = 1, context_capacity_bytes: int = 8 << 30, freezer: Optional[Freezer] = None,
+                 node_size: Optional[int] = None):
         super().__init__()
         for name, value in (("delay_all_reduce_named_params", delay_all_reduce_named_params),
                             ("param_to_hook_all_reduce", param_to_hook_all_reduce),
@@ -132,6 +137,11 @@ class EasyScaleDDP(DDPParity, nn.Module):
         # static_graph (every plan is fixed at construction). bucket_cap_mb (default
         # 25) sizes the buckets exchanged during the last worker's backward, as in DDP.
         self.bucket_cap_mb = 25.0 if bucket_cap_mb is None else float(bucket_cap_mb)
+        if node_size is None:
+            node_size = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        if node_size < 0:
+            raise ValueError(f"node_size must be >= 0 (0: one level), got {node_size}")
+        self.node_size = node_size
         self.determinism_level = determinism.parse(determinism_level)
         self.isa = determinism.job_isa(self.determinism_level, isa)
 
@@ -225,7 +235,8 @@ class EasyScaleDDP(DDPParity, nn.Module):
         mine = tuple(virtual_ranks) if virtual_ranks is not None else even_ranges(self.world_size, procs)[self.rank]
         freezing = (type(self.freezer).__name__, self.freezer.frozen) if self.freezer is not None else None
         setting = (self.world_size, self.determinism_level, self.isa, self.num_threads, self.broadcast_buffers,
-                   freezing, [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()])
+                   freezing, [(n, tuple(p.shape), str(p.dtype)) for n, p in self.module.named_parameters()],
+                   self.node_size)
         self.ranges = self._agree(setting, mine, procs)
         self.local_ranks = list(range(*self.ranges[self.rank]))
         self._backend_info = backend_info(process_group)
@@ -245,7 +256,7 @@ class EasyScaleDDP(DDPParity, nn.Module):
                 p.requires_grad_(False)
                 p.grad = None
         self.reducer = CanonicalReducer(self.params, self.world_size, self.ranges, self.rank,
-                                        self.find_unused_parameters, self.bucket_cap_mb)
+                                        self.find_unused_parameters, self.bucket_cap_mb, self.node_size)
         self._freeze_pending = False
         # The freezer's input, fixed with the plan: views of the reduced buckets and their layers, per dtype
         # (an unused parameter's reduced gradient is zeros: it adds nothing to its layer's norm).
@@ -284,8 +295,8 @@ class EasyScaleDDP(DDPParity, nn.Module):
                                  f"on rank {r}; every process must pass the same N")
             if theirs != setting:
                 raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
-                                 "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer or model "
-                                 "parameters); start every process with the same arguments")
+                                 "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer, model "
+                                 "parameters or node_size); start every process with the same arguments")
         ranges = [tuple(m) for _, m in gathered]
         at = 0
         for r, (lo, hi) in enumerate(ranges):

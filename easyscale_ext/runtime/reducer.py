@@ -94,7 +94,7 @@ def _bucketed(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> List[List
 class CanonicalReducer:
     def __init__(self, params: Sequence[torch.nn.Parameter], world_size: int,
                  ranges: Sequence[Tuple[int, int]], rank: int, find_unused_parameters: bool,
-                 bucket_cap_mb: float = 25.0):
+                 bucket_cap_mb: float = 25.0, node_size: int = 0):
         self.n = world_size
         self.ranges = [tuple(r) for r in ranges]
         self.rank = rank
@@ -136,6 +136,7 @@ class CanonicalReducer:
         self.pieces = [b.pieces() if exchanged and not whole else None for b, whole in zip(self.buckets, self.whole)]
         self.direct = [[False] * len(b.params) for b in self.buckets]
         self.raw = [single and pieces is not None for pieces in self.pieces]
+        self._plan_nodes(node_size if exchanged and 1 < node_size < self.procs and self.procs % node_size == 0 else 0)
         self._raw: Dict[int, List[torch.Tensor]] = {}  # per raw bucket: this step's gradients, flat, as sent
         self._zeros: Dict[int, torch.Tensor] = {}
         self.unused: List[str] = []
@@ -148,6 +149,31 @@ class CanonicalReducer:
         self._exchanges: List[Optional[_Pending]] = []  # started exchanges, in bucket order
         self._group = None
         self._pushed: Dict[int, List[torch.Tensor]] = {}  # per bucket, what the top adds: every root's part
+
+    def _plan_nodes(self, g: int) -> None:
+        """Two levels, where nodes of g consecutive processes (g of 1 < g < P, dividing P) share a fast link: a
+        chunked bucket is cut into g lanes of `nodes` chunks; each process gathers its lane of its node's local
+        roots and folds them into the node's roots (the canonical tree's nodes over the node's virtual workers),
+        exchanges those with the processes of its local rank on the other nodes, finishes the tree's top for
+        one chunk, and the chunks go back the same two ways. Between nodes travel a ring's bytes, (nodes - 1) /
+        nodes of the bucket a node each way, where the one-level exchange sends g times that; the tree is the
+        same, so are the bits. Process (node j, local rank l) finishes chunk l * nodes + j."""
+        self.node_size = g
+        if not g:
+            return
+        self.nodes, (self.node, self.local) = self.procs // g, divmod(self.rank, g)
+        node_ranges = [(self.ranges[x * g][0], self.ranges[x * g + g - 1][1]) for x in range(self.nodes)]
+        stack = _C.FoldStack(self.n)
+        self.node_plan = plan_of([stack.push(r.lo, r.hi) for a, b in self.ranges[self.node * g:(self.node + 1) * g]
+                                  for r in _C.local_roots(a, b, self.n)])
+        self.node_results = stack.slots()
+        self.roots_per_node = [len(_C.local_roots(a, b, self.n)) for a, b in node_ranges]
+        top = _C.FoldStack(self.n)
+        self.across_plan = plan_of([top.push(r.lo, r.hi) for a, b in node_ranges for r in _C.local_roots(a, b, self.n)])
+        self.across_result = top.slots()[0]
+        # every bucket is folded first (one leaf's fold is its scaled gradient), so that a node's roots are slots
+        self.raw = [False] * len(self.buckets)
+        self._across: Dict[int, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}  # per bucket: roots, top's in
 
     @property
     def exchanging(self) -> bool:
@@ -245,6 +271,9 @@ class CanonicalReducer:
         if self.raw[i]:
             self._start_raw_exchange(i)
             return
+        if self.node_size and not self.whole[i]:
+            self._start_node_exchange(i)
+            return
         c, whole, local = self.part[i], self.whole[i], [self.slots[s][i] for s in self.root_slots]
         if i not in self._pushed:
             self._pushed[i] = self._pushed_parts(i, local)
@@ -254,7 +283,7 @@ class CanonicalReducer:
                 sends[q] = [part if whole else part[q * c:(q + 1) * c] for part in local]
                 receives[q] = pushed[at:at + roots]
             at += roots
-        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=2 * i))
+        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=4 * i))
 
     def _start_raw_exchange(self, i: int) -> None:
         """Bucket i's exchange with one virtual worker per process: each process receives the others' gradients'
@@ -267,7 +296,25 @@ class CanonicalReducer:
         peers = [q for q in range(self.procs) if q != self.rank]
         sends = {q: [grads[k][a:a + n] for k, a, n, _ in self.pieces[i][q]] for q in peers}
         receives = {q: [self._pushed[i][q][at:at + n] for _, _, n, at in mine] for q in peers}
-        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=2 * i))
+        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=4 * i))
+
+    def _start_node_exchange(self, i: int) -> None:
+        """Bucket i's first phase on two levels: each process of the node receives its lane of every local root
+        of the node's processes (its own where they are, the others' in buffers kept)."""
+        g, lane, local = self.node_size, self.part[i] * self.nodes, [self.slots[s][i] for s in self.root_slots]
+        procs = range(self.node * g, (self.node + 1) * g)
+        if i not in self._pushed:
+            self._pushed[i] = [x for q in procs for x in (
+                [part[self.local * lane:(self.local + 1) * lane] for part in local] if q == self.rank else
+                torch.empty(self.roots_per_proc[q] * lane, dtype=self.buckets[i].acc_dtype,
+                            device=self.buckets[i].device).split(lane))]
+        sends, receives, at = {}, {}, 0
+        for q in procs:
+            if q != self.rank:
+                sends[q] = [part[(q % g) * lane:(q % g + 1) * lane] for part in local]
+                receives[q] = self._pushed[i][at:at + self.roots_per_proc[q]]
+            at += self.roots_per_proc[q]
+        self._exchanges.append(self._point_to_point(self._group, sends, receives, tag=4 * i))
 
     def _pushed_parts(self, i: int, local: List[torch.Tensor]) -> List[torch.Tensor]:
         """What bucket i's top adds, every process's roots in rank order: this process's own chunk of its local
@@ -337,14 +384,9 @@ class CanonicalReducer:
         if self.whole[i]:
             fold_plan_(self.reduced[i], self._pushed[i], self.top_plan, self.top_result)
             return None
-        bucket, direct = self.buckets[i], self.direct[i]
-        into = []  # each parameter's destination, flat
-        for k, (p, view) in enumerate(zip(bucket.params, bucket.views(self.reduced[i]))):
-            g = p.grad
-            direct[k] = (used[k] and not gradient_as_bucket_view and g is not None and g.layout == torch.strided
-                         and g.dtype == bucket.acc_dtype and g.shape == p.shape and g.is_contiguous())
-            into.append(g.view(-1) if direct[k] else view.view(-1))
-        parts = [[into[k][a:a + n] for k, a, n, _ in chunk] for chunk in self.pieces[i]]
+        parts = self._destinations(i, used, gradient_as_bucket_view)
+        if self.node_size:
+            return self._complete_nodes(group, i, parts)
         own = self._raw.pop(i) if self.raw[i] else None  # this process's gradients (out may be one of them)
         for (k, a, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
             if own is None:
@@ -354,7 +396,51 @@ class CanonicalReducer:
                 fold_plan_(out, pushed, self.top_plan, self.top_result, 1.0 / self.n)
         peers = [q for q in range(self.procs) if q != self.rank]
         return self._point_to_point(group, {q: parts[self.rank] for q in peers}, {q: parts[q] for q in peers},
-                                    tag=2 * i + 1)
+                                    tag=4 * i + 1)
+
+    def _destinations(self, i: int, used: List[bool], gradient_as_bucket_view: bool) -> List[List[torch.Tensor]]:
+        """Per chunk of bucket i, where its parameters' parts go: each parameter's .grad where it can take the
+        result (`direct`), else its view of self.reduced[i]."""
+        bucket, direct = self.buckets[i], self.direct[i]
+        into = []  # each parameter's destination, flat
+        for k, (p, view) in enumerate(zip(bucket.params, bucket.views(self.reduced[i]))):
+            g = p.grad
+            direct[k] = (used[k] and not gradient_as_bucket_view and g is not None and g.layout == torch.strided
+                         and g.dtype == bucket.acc_dtype and g.shape == p.shape and g.is_contiguous())
+            into.append(g.view(-1) if direct[k] else view.view(-1))
+        return [[into[k][a:a + n] for k, a, n, _ in chunk] for chunk in self.pieces[i]]
+
+    def _complete_nodes(self, group, i: int, parts: List[List[torch.Tensor]]) -> "_Pending":
+        """Bucket i on two levels, after the phase inside the node: the node's roots of this process's lane, their
+        chunks exchanged across nodes, the top of this process's chunk, the chunks gathered across nodes and then
+        inside the node (the handle returned)."""
+        g, nodes, j, lane_of = self.node_size, self.nodes, self.node, self.local
+        c, bucket = self.part[i], self.buckets[i]
+        if i not in self._across:  # the node's roots (this lane), and what the top adds, node by node (kept)
+            roots = [torch.empty(c * nodes, dtype=bucket.acc_dtype, device=bucket.device) for _ in self.node_results]
+            adds = [x for node, count in enumerate(self.roots_per_node) for x in (
+                [r[j * c:(j + 1) * c] for r in roots] if node == j else
+                torch.empty(count * c, dtype=bucket.acc_dtype, device=bucket.device).split(c))]
+            self._across[i] = roots, adds
+        roots, adds = self._across[i]
+        for out, slot in zip(roots, self.node_results):
+            fold_plan_(out, self._pushed[i], self.node_plan, slot)
+        peers = {node: node * g + lane_of for node in range(nodes) if node != j}
+        starts = [sum(self.roots_per_node[:node]) for node in range(nodes)]
+        self._point_to_point(group, {q: [r[node * c:(node + 1) * c] for r in roots] for node, q in peers.items()},
+                             {q: adds[starts[node]:starts[node] + self.roots_per_node[node]]
+                              for node, q in peers.items()}, tag=4 * i + 1).wait()
+        mine = lane_of * nodes + j
+        for (k, a, n, at), out in zip(self.pieces[i][mine], parts[mine]):
+            fold_plan_(out, [x[at:at + n] for x in adds], self.across_plan, self.across_result)
+        self._point_to_point(group, {q: parts[mine] for q in peers.values()},
+                             {q: parts[lane_of * nodes + node] for node, q in peers.items()}, tag=4 * i + 2).wait()
+
+        def lane(local: int) -> List[torch.Tensor]:
+            return [t for node in range(nodes) for t in parts[local * nodes + node]]
+        others = {j * g + local: local for local in range(g) if local != lane_of}
+        return self._point_to_point(group, {q: lane(lane_of) for q in others},
+                                    {q: lane(local) for q, local in others.items()}, tag=4 * i + 3)
 
 
 class _Pending:

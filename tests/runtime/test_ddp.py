@@ -101,6 +101,32 @@ def test_buckets_exchanged_during_backward_keep_the_bits(model, procs, n, ranges
                    whole_bytes=whole_bytes) == reference(model, n=n)
 
 
+@pytest.mark.parametrize("procs,node_size,n,ranges", [
+    (4, 2, 4, ""), (4, 2, 12, "0,5,6,11,12"), (6, 2, 6, ""), (8, 4, 16, "")],
+    ids=["N4P4-2-nodes", "uneven-2-nodes", "N6P6-3-nodes", "N16P8-2-nodes"])
+def test_two_levels_keep_the_bits(procs, node_size, n, ranges):
+    # reduced inside each node of node_size processes ($LOCAL_WORLD_SIZE, as torchrun sets it), then between
+    # nodes, every bucket in chunks; nodes whose workers are not one aligned block hold several roots (uneven)
+    env = [{"LOCAL_WORLD_SIZE": str(node_size)}] * procs
+    assert run_job("easyscale", procs=procs, n=n, ranges=ranges, bucket_cap_mb=SMALL_BUCKETS, whole_bytes=0,
+                   env_per_rank=env) == reference(n=n)
+
+
+def test_two_levels_only_where_nodes_divide_the_processes(monkeypatch):
+    from easyscale_ext.placement import even_ranges
+    from easyscale_ext.runtime.reducer import CanonicalReducer
+
+    def levels(procs, node_size, rank=0):
+        params = [nn.Parameter(torch.zeros(100))]
+        return CanonicalReducer(params, 16, even_ranges(16, procs), rank, False, 25.0, node_size).node_size
+    assert levels(4, 2) == 2 and levels(8, 4, rank=5) == 4 and levels(16, 2) == 2
+    assert levels(4, 4) == levels(4, 3) == levels(4, 1) == levels(4, 0) == levels(2, 1) == 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert es.EasyScaleDDP(nn.Linear(4, 2)).node_size == 2  # torchrun's, by default
+    with pytest.raises(ValueError, match="node_size must be >= 0"):
+        es.EasyScaleDDP(nn.Linear(4, 2), node_size=-1)
+
+
 def test_two_backwards_in_the_last_worker_fail_clearly():
     ddp = es.EasyScaleDDP(nn.Linear(4, 2), virtual_world_size=2)
     with pytest.raises(RuntimeError, match="got a gradient twice .* run one backward per virtual worker"):
