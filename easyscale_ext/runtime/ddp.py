@@ -296,7 +296,8 @@ class EasyScaleDDP(DDPParity, nn.Module):
             if theirs != setting:
                 raise ValueError(f"process {r} runs a different job setting than process {self.rank} "
                                  "(determinism level, D2's isa, num_threads, broadcast_buffers, freezer, model "
-                                 "parameters or node_size); start every process with the same arguments")
+                                 "parameters or node_size, by default $LOCAL_WORLD_SIZE); start every process with "
+                                 "the same arguments")
         ranges = [tuple(m) for _, m in gathered]
         at = 0
         for r, (lo, hi) in enumerate(ranges):
