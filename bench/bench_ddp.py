@@ -3,7 +3,7 @@
 1. k virtual workers on one process vs a plain gradient-accumulation loop over
    the same k micro-batches on the same model (the lower bound for that work on
    one device): step time ratio and peak RSS, for a conv net with BatchNorm and
-   a small transformer, k in {2, 4, 8}.
+   a small transformer, k in {2, 4, 8} (--ks).
 2. N = 2 on P = 2 processes vs torch DDP on 2 processes (gloo).
 3. Cost of D1 and D2 against D0 (N = 4 on one process).
 Each configuration runs in its own process (clean peak RSS); the contenders of
@@ -21,7 +21,7 @@ reducer's parts: folding gradients into the partial-sum slots during
 backward, finishing the tree's top, waiting for collectives, writing
 param.grad.
 
-    .venv/bin/python bench/bench_ddp.py [--quick] [--json PATH]
+    .venv/bin/python bench/bench_ddp.py [--quick] [--ks 2,4,8,64] [--json PATH]
     .venv/bin/python bench/bench_ddp.py --wide [--procs 2,3,4,8] [--models mlp,transformer] [--repeats 3]
 """
 import argparse
@@ -31,12 +31,13 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ranks import run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,19 +153,7 @@ def spawn(args, env=None):
 
 def spawn_pair(kind, steps, model_name, procs=2):
     """Every rank's result (child_pair's)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        init = "file://" + os.path.join(tmp, "rdzv")
-        children = [subprocess.Popen([sys.executable, __file__, "--child",
-                                      json.dumps(["pair", kind, r, init, steps, model_name, procs])],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(procs)]
-        results = []
-        for p in children:
-            out, err = p.communicate()
-            if p.returncode:
-                raise RuntimeError(err)
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        return results
+    return run_ranks(__file__, procs, lambda r, init: ["pair", kind, r, init, steps, model_name, procs])
 
 
 def main():
@@ -172,6 +161,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--child")
+    ap.add_argument("--ks", default="", help="local workers k of the first table (default 2,4,8)")
     ap.add_argument("--wide", action="store_true", help="only wide models against torch DDP, with breakdowns")
     ap.add_argument("--procs", default="2,3,4,8", help="--wide: process counts (N = P)")
     ap.add_argument("--models", default=",".join(WIDE_MODELS), help="--wide: of " + ", ".join(WIDE_MODELS))
@@ -193,7 +183,7 @@ def main():
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
-    ks = (2, 4) if args.quick else (2, 4, 8)
+    ks = [int(k) for k in args.ks.split(",")] if args.ks else (2, 4) if args.quick else (2, 4, 8)
     results = {"overhead": [], "pair": [], "levels": []}
     print(f"torch {torch.__version__}, 1 intra-op thread, median of {steps} steps after 2 warm-ups\n")
     print("| model | k | EasyScaleDDP step ms | accumulation ms | ratio | peak RSS MB (ES / accum) |")
@@ -212,7 +202,7 @@ def main():
     for model_name in ("convbn", "transformer"):
         es_t, ddp_t = (max(r["step"] for r in spawn_pair(kind, steps, model_name)) for kind in ("easyscale", "ddp"))
         results["pair"].append(dict(model=model_name, easyscale=es_t, ddp=ddp_t))
-        print(f"| {model_name} | {es_t * 1e3:.1f} | {ddp_t * 1e3:.1f} | {es_t / ddp_t:.3f}x |")
+        print(f"| {model_name} | {es_t:.1f} | {ddp_t:.1f} | {es_t / ddp_t:.3f}x |")  # child_pair's ms
     print("\n| model | level | EasyScaleDDP N=4 step ms | vs D0 |")
     print("|---|---|---|---|")
     for model_name in ("convbn", "transformer"):
