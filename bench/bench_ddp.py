@@ -9,9 +9,11 @@
 Each configuration runs in its own process (clean peak RSS); the contenders of
 a configuration alternate step by step, and the median step time is reported.
 `--wide`: models whose exchange is a large part of the step, a 21 M-parameter
-MLP (5 x Linear(2048, 2048), batch 16 a process) and a 48 M-parameter
-transformer (5 layers of width 768, 2 x 32 tokens a process), N = P on P
-processes (gloo, 1 intra-op thread each), EasyScaleDDP against torch DDP,
+MLP (5 x Linear(2048, 2048), batch 16 a micro-batch) and a 48 M-parameter
+transformer (5 layers of width 768, 2 x 32 tokens a micro-batch), N = kP on P
+processes (gloo, 1 intra-op thread each; `--per-process` k, default 1, torch
+DDP then accumulating k micro-batches under no_sync(); `--node-size` for
+EasyScaleDDP's two levels), EasyScaleDDP against torch DDP,
 alternating runs of --steps steps over --repeats rounds; medians. With each
 step's breakdown as both report it (`_get_ddp_logging_data()`, every step
 sampled): forward, backward compute, the exchange (first collective started
@@ -22,9 +24,11 @@ backward, finishing the tree's top, waiting for collectives, writing
 param.grad.
 
     .venv/bin/python bench/bench_ddp.py [--quick] [--ks 2,4,8,64] [--json PATH]
-    .venv/bin/python bench/bench_ddp.py --wide [--procs 2,3,4,8] [--models mlp,transformer] [--repeats 3]
+    .venv/bin/python bench/bench_ddp.py --wide [--procs 2,3,4,8] [--per-process 1,4] [--models mlp,transformer]
+                                        [--repeats 3] [--node-size G]
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -151,9 +155,9 @@ def spawn(args, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spawn_pair(kind, steps, model_name, procs=2):
+def spawn_pair(kind, steps, model_name, procs=2, k=1, node_size=0):
     """Every rank's result (child_pair's)."""
-    return run_ranks(__file__, procs, lambda r, init: ["pair", kind, r, init, steps, model_name, procs])
+    return run_ranks(__file__, procs, lambda r, init: ["pair", kind, r, init, steps, model_name, procs, k, node_size])
 
 
 def main():
@@ -163,7 +167,10 @@ def main():
     ap.add_argument("--child")
     ap.add_argument("--ks", default="", help="local workers k of the first table (default 2,4,8)")
     ap.add_argument("--wide", action="store_true", help="only wide models against torch DDP, with breakdowns")
-    ap.add_argument("--procs", default="2,3,4,8", help="--wide: process counts (N = P)")
+    ap.add_argument("--procs", default="2,3,4,8", help="--wide: process counts")
+    ap.add_argument("--per-process", default="1", help="--wide: virtual workers a process, k (N = kP; torch DDP "
+                    "accumulates k micro-batches)")
+    ap.add_argument("--node-size", type=int, default=0, help="--wide: EasyScaleDDP's node_size (0: one level)")
     ap.add_argument("--models", default=",".join(WIDE_MODELS), help="--wide: of " + ", ".join(WIDE_MODELS))
     ap.add_argument("--repeats", type=int, default=3, help="--wide: rounds (each runs both contenders)")
     ap.add_argument("--steps", type=int, default=8, help="--wide: timed steps a run, after 2 warm-ups")
@@ -178,8 +185,8 @@ def main():
             os._exit(0)
         return
     if args.wide:
-        return wide(args.models.split(","), [int(p) for p in args.procs.split(",")], args.repeats, args.steps,
-                    args.json)
+        return wide(args.models.split(","), [int(p) for p in args.procs.split(",")],
+                    [int(k) for k in args.per_process.split(",")], args.node_size, args.repeats, args.steps, args.json)
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
@@ -218,31 +225,37 @@ def main():
             json.dump(results, f, indent=1)
 
 
-def wide(models, procs, repeats, steps, json_path) -> None:
-    """Each model at each P: EasyScaleDDP and torch DDP in alternating runs, `repeats` rounds; a run's figure is
-    its slowest rank's median step, and that rank's breakdown."""
+def wide(models, procs, ks, node_size, repeats, steps, json_path) -> None:
+    """Each model at each P and k: EasyScaleDDP (N = kP) and torch DDP (k micro-batches a step, no_sync() but on the
+    last) in alternating runs, `repeats` rounds; a run's figure is its slowest rank's median step, and that rank's
+    breakdown as each reports it (torch DDP's covers its synced micro-batch only)."""
     results = []
-    print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, N = P; medians over {repeats} rounds of "
-          f"runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms; the ratio is the "
-          "median of each round's, with the lowest and highest\n")
-    print("| model | P | EasyScaleDDP | torch DDP | ratio [min, max] | " + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN)
-          + " | reducer: " + ", ".join(REDUCER_PARTS) + " |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
+    print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, N = kP (torch DDP: k micro-batches a step, "
+          f"accumulated under no_sync()){f', nodes of {node_size} processes' if node_size else ''}; medians over "
+          f"{repeats} rounds of runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms; "
+          "the ratio is the median of each round's, with the lowest and highest\n")
+    print("| model | P | k | EasyScaleDDP | torch DDP | ratio [min, max] | "
+          + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN) + " | reducer: " + ", ".join(REDUCER_PARTS) + " |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
     for model_name in models:
         for p in procs:
-            runs = {"easyscale": [], "ddp": []}
-            for r in range(repeats):
-                for kind in (("easyscale", "ddp") if r % 2 == 0 else ("ddp", "easyscale")):
-                    runs[kind].append(max(spawn_pair(kind, steps, model_name, p), key=lambda x: x["step"]))
-            med = {kind: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for kind, rs in runs.items()}
-            es_, ddp_ = med["easyscale"], med["ddp"]
-            # each round's two runs are neighbours in time: their ratio is freer of the machine's drift
-            ratios = sorted(e["step"] / d["step"] for e, d in zip(runs["easyscale"], runs["ddp"]))
-            results.append(dict(model=model_name, procs=p, runs=runs, medians=med, ratios=ratios))
-            print(f"| {model_name} | {p} | {es_['step']:.1f} | {ddp_['step']:.1f} | {statistics.median(ratios):.3f}x "
-                  f"[{ratios[0]:.2f}, {ratios[-1]:.2f}] | "
-                  + " | ".join(f"{es_[k]:.1f} / {ddp_[k]:.1f}" for k in BREAKDOWN) + " | "
-                  + ", ".join(f"{es_[k]:.1f}" for k in REDUCER_PARTS) + " |", flush=True)
+            for k in ks:
+                runs = {"easyscale": [], "ddp": []}
+                for r in range(repeats):
+                    for kind in (("easyscale", "ddp") if r % 2 == 0 else ("ddp", "easyscale")):
+                        ranks = spawn_pair(kind, steps, model_name, p, k, node_size)
+                        runs[kind].append(max(ranks, key=lambda x: x["step"]))
+                med = {kind: {key: statistics.median(run[key] for run in rs) for key in rs[0]}
+                       for kind, rs in runs.items()}
+                es_, ddp_ = med["easyscale"], med["ddp"]
+                # each round's two runs are neighbours in time: their ratio is freer of the machine's drift
+                ratios = sorted(e["step"] / d["step"] for e, d in zip(runs["easyscale"], runs["ddp"]))
+                results.append(dict(model=model_name, procs=p, k=k, node_size=node_size, runs=runs, medians=med,
+                                    ratios=ratios))
+                print(f"| {model_name} | {p} | {k} | {es_['step']:.1f} | {ddp_['step']:.1f} | "
+                      f"{statistics.median(ratios):.3f}x [{ratios[0]:.2f}, {ratios[-1]:.2f}] | "
+                      + " | ".join(f"{es_[key]:.1f} / {ddp_[key]:.1f}" for key in BREAKDOWN) + " | "
+                      + ", ".join(f"{es_[key]:.1f}" for key in REDUCER_PARTS) + " |", flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
@@ -302,9 +315,10 @@ def _time_reducer(parts) -> None:
     cls._write_grads = lambda self, *args: clocked("grads", write, self, *args)
 
 
-def child_pair(kind, rank, init, steps, model_name, procs):
-    """One rank of a `procs`-process job, EasyScaleDDP N = procs (`easyscale`) or torch DDP (`ddp`): the median
-    step, and its breakdown from the logging data both keep (and EasyScaleDDP's reducer parts), in ms."""
+def child_pair(kind, rank, init, steps, model_name, procs, k=1, node_size=0):
+    """One rank of a `procs`-process job, EasyScaleDDP N = k procs (`easyscale`) or torch DDP accumulating k
+    micro-batches a step (`ddp`): the median step, and its breakdown from the logging data both keep (and
+    EasyScaleDDP's reducer parts), in ms."""
     import torch.distributed as dist
 
     import easyscale_ext as es
@@ -312,7 +326,8 @@ def child_pair(kind, rank, init, steps, model_name, procs):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=procs)
     model, batch = make(model_name, PAIR_BATCH[model_name])
-    ddp = nn.parallel.DistributedDataParallel(model) if kind == "ddp" else es.EasyScaleDDP(model)
+    ddp = nn.parallel.DistributedDataParallel(model) if kind == "ddp" else \
+        es.EasyScaleDDP(model, virtual_world_size=k * procs, node_size=node_size)
     ddp._set_ddp_runtime_logging_sample_rate(1)
     parts = dict.fromkeys(REDUCER_PARTS, 0.0)
     if kind == "easyscale":
@@ -320,10 +335,16 @@ def child_pair(kind, rank, init, steps, model_name, procs):
     rows, ends, reducer_parts = [], [], []
     for i in range(steps + 3):
         dist.barrier()
-        for k in parts:
-            parts[k] = 0.0
+        for part in parts:
+            parts[part] = 0.0
         t, cpu = time.time_ns(), time.process_time()  # the clock both loggers' timestamps are on; every thread's CPU
-        loss_of(ddp, batch).backward()
+        if kind == "easyscale" and k > 1:
+            for b in ddp.workers([(v, batch) for v in ddp.local_ranks]):
+                loss_of(ddp, b).backward()
+        else:  # torch DDP's accumulation; with k = 1 EasyScaleDDP in DDP's own loop
+            for j in range(k):
+                with ddp.no_sync() if j < k - 1 else contextlib.nullcontext():
+                    loss_of(ddp, batch).backward()
         ends.append(time.time_ns())
         rows.append({"step": (ends[-1] - t) / 1e6, "cpu": (time.process_time() - cpu) * 1e3})
         reducer_parts.append({k: v * 1e3 for k, v in parts.items()})
@@ -336,7 +357,7 @@ def child_pair(kind, rank, init, steps, model_name, procs):
                             **reducer_parts[-2])
     rows = rows[2:-1]  # two warm-ups; the last step's data are not published
     dist.destroy_process_group()
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
 
 
 if __name__ == "__main__":
