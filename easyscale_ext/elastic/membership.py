@@ -130,8 +130,9 @@ class Membership:
         looked, losses = time.monotonic(), self.store.losses()
         while not self.store.arrived(generation, self.members):
             # Who is missing, and whether lost, every liveness_s / 5 (liveness needs no more) or at a new loss
-            if time.monotonic() - looked > self.liveness_s / 5 or self.store.losses() != losses:
-                looked, losses = time.monotonic(), self.store.losses()
+            marked = self.store.losses()
+            if time.monotonic() - looked > self.liveness_s / 5 or marked != losses:
+                looked, losses = time.monotonic(), marked
                 lost = [m for m in self.members if not self.store.arrived(generation, [m]) and self.lost(m)]
                 if lost:
                     raise MemberLost(f"{', '.join(lost)} lost before generation {generation} formed")
