@@ -245,7 +245,7 @@ class Chaos:
             timer.join()
 
     def finish(self, timeout: float):
-        from easyscale_ext.sched.lifecycle import LIVE
+        from easyscale_ext.cluster.lifecycle import LIVE
 
         deadline = time.monotonic() + timeout
         while any(self.latest(j)[1] in LIVE for j in self.ids):

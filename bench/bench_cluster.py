@@ -15,8 +15,8 @@ RuntimeCosts.parallel_starts, a start of n processes weighing n ** start_weight 
 training_weight, all fitted with each start's full-speed cost), and the scheduler's lag from a submission to its
 round's decision (RuntimeCosts.arrival_lag_s); each job's length (its steps as a share of the application's epoch) is
 the simulator's slowdown, and a round starts at each arrival and at each job's end, as the scheduler does. Both
-drivers run the policy as it is, held to each job's limits (policies.limits: a job keeps its batch; preemptions are
-suspensions), and move every job in place, as the cluster does whatever the policy's own runtime (a restart-based
+drivers run the policy as it is, held to each job's limits by the round (sched/limits.py; a job keeps its batch,
+cluster.live; preemptions are suspensions), and move every job in place, as the cluster does whatever the policy's own runtime (a restart-based
 policy's job moves there by joiners and leavers, not by a restart). Each real run is simulated --draws times, its
 arrivals moved by up to --jitter s after the first draw (simulate_draws), and the median draw is compared: a
 policy that decides on near-ties gives a spread, of which one simulation, like one real run, is a single draw.
@@ -59,7 +59,7 @@ def run_for_real(policy, trace, steps, scale, round_s, work, suspend_all_at=None
     import ray
 
     from easyscale_ext.cluster.scheduler import launch
-    from easyscale_ext.sched.lifecycle import LIVE
+    from easyscale_ext.cluster.lifecycle import LIVE
 
     os.makedirs(os.path.join(work, policy), exist_ok=True)
     scheduler = launch(os.path.join(work, policy, "state"), policy, round_s)
@@ -187,24 +187,21 @@ def calibrated(measured) -> dict:
 def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=0):
     """The simulation of the real run `result`: its jobs, arriving when they did (each moved by up to `jitter`
     seconds either way, drawn with `seed`: a draw of the ensemble, see simulate_draws)."""
-    from easyscale_ext.sched import live
+    from easyscale_ext.cluster import live
     from easyscale_ext.sched.models.application import Applications
     from easyscale_ext.sched.models.cluster import Cluster
     from easyscale_ext.sched.models.traces import data_dir
     from easyscale_ext.sched.policies import POLICIES as MADE
-    from easyscale_ext.sched.policies.limits import Limits
     from easyscale_ext.sched.costs import RuntimeCosts
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
     apps = Applications(data_dir())
     shift = random.Random(seed)
     arrivals = [max(0.0, j["arrival"] + (shift.uniform(-jitter, jitter) if jitter else 0.0)) for j in result.jobs]
-    # each job as the scheduler modelled it (sched.live: D2, so it may span types), known to last one short epoch
+    # each job as the scheduler modelled it (cluster.live: D2, so it may span types), known to last one short epoch
     specs = [replace(live.job_model(j["name"], at, VIRTUAL_WORKERS, VIRTUAL_WORKERS, apps[j["app"]],
                                     d2=True).spec, epochs=1) for j, at in zip(result.jobs, arrivals)]
     cluster = Cluster.parse(CLUSTER)
-    wrapped = Limits(MADE[policy](0))
-    wrapped.limits = {s.name: (1, VIRTUAL_WORKERS) for s in specs}
     config = SimConfig(round_s=round_s, start_s=costs["start"], restart_s=costs["resume"],
                        in_place_s=costs["pause"],
                        in_place="on",  # the cluster moves every job in place, whatever its policy's own runtime
@@ -215,7 +212,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
                            rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
                            completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
                            reported_steps=steps)  # it learns a job runs, and its share done, from step reports
-    return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), wrapped, cluster, apps, config,
+    return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), MADE[policy](0), cluster, apps, config,
                     costs=runtime)
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 
-from ..sched.lifecycle import HOLDING, LIVE
+from ..cluster.lifecycle import HOLDING, LIVE
 from . import ray_session as session
 from .errors import UsageError
 

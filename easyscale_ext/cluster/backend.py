@@ -2,16 +2,17 @@
 decisions carried out on Ray through the jobs' supervisors.
 
 A round: the supervisors say which jobs ended and how far the others are; each job's model (the one a simulation
-would use, sched.live) follows its real job; the policy (the object `easyscale simulate` runs, held to each job's
-limits: policies.limits) sees the waiting and running jobs with their allocations, as indices of the nodes'
-available slots. A job given slots for the first time, or again after a suspension, gets a supervisor and starts on
+would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
+the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and
+running jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again after a suspension, gets a supervisor and starts on
 them; a running job whose slots change moves there in place (supervisor.place); a running job the policy stops is
 suspended: it saves a checkpoint at its next step boundary, leaves its slots and waits to resume wherever it gets
 slots (with `preempt=False`, `cluster start --no-preempt`, a running job keeps at least one slot instead). Slots
 are Ray resources, so a slot is never held by two processes, whatever the timing of decisions, releases,
 reservations and failures. The node list is read every round: a node lost takes its slots out of the next
-decision, and its jobs, recovered in place on their other slots, keep those. What a job's state may become is
-sched/lifecycle.py's; the job table enforces it.
+decision, and its jobs, recovered in place on their other slots, keep those. Every change of a job's slots is a
+decision of the round (sched.rounds), carried out here. What a job's state may become is
+lifecycle.py's; the job table enforces it.
 """
 import logging
 import threading
@@ -25,12 +26,11 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import determinism
-from ..sched import live
-from ..sched.lifecycle import HOLDING, WAITING, JobState
 from ..sched.models.cluster import Cluster, placement_of
-from ..sched.rounds import Change, Decision
-from . import NAMESPACE, SLOT, TYPED
+from ..sched.rounds import Change, Cut, Decision, View
+from . import NAMESPACE, SLOT, TYPED, live
 from .jobtable import JobTable
+from .lifecycle import HOLDING, WAITING, JobState
 from .supervisor import JobSupervisor, Report, wait_until_gone
 from .worker import end_job
 
@@ -64,7 +64,7 @@ def policy_view(capacity: Dict[str, int], types: Dict[str, str]) -> Tuple[List[s
 class Tracked:
     """What the scheduler knows of a live job beyond its row of the job table: one record, dropped whole when the job
     ends (a restarted scheduler builds it again from the table)."""
-    model: object = None  # the policy's model of it (sched.live), from the first round that sees it
+    model: object = None  # the policy's model of it (cluster.live), from the first round that sees it
     supervisor: Optional[ray.actor.ActorHandle] = None  # while it holds slots (running, suspending)
     placing: Dict[ray.ObjectRef, tuple] = field(default_factory=dict)  # its supervisor's place() calls not known to
     # have succeeded yet -> (whether it was the job's first, the supervisor asked)
@@ -84,7 +84,7 @@ class Tracked:
 
 class RayCluster:
     def __init__(self, table: JobTable, policy, apps, slot_type: str, round_s: float):
-        """`policy`: the policy held to the jobs' limits (policies.limits.Limits). Takes back the jobs a scheduler
+        """`policy`: the round's (its decisions are held to the jobs' limits there). Takes back the jobs a scheduler
         before it left holding slots."""
         self.table, self.policy, self.apps, self.slot_type, self.round_s = table, policy, apps, slot_type, round_s
         self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
@@ -95,7 +95,9 @@ class RayCluster:
         self.round_seconds = deque(maxlen=ROUNDS_KEPT)  # seconds each round took (decision and actuation)
         self.lock = threading.Lock()  # a round and a verb that changes allocations never interleave
         self.wake, self.due = threading.Event(), time.monotonic()  # a round at once
-        self.seen, self.node_ids = {}, []  # the round's jobs the policy sees (id -> row), and its nodes in its view
+        self.seen = {}  # the round's jobs the policy sees (id -> row)
+        self.reserved_cuts: Dict[str, List[str]] = {}  # job -> the slots it keeps once those reserved are taken: the
+        # next round's cuts
         self._take_back()
 
     def _take_back(self) -> None:
@@ -151,6 +153,12 @@ class RayCluster:
         except ValueError:  # gone with its node
             pass
         self.table.unreserve(slot_id)
+
+    def reserve_from(self, cut: Dict[str, List[str]]) -> None:
+        """Jobs leave slots being reserved (job -> the slots it keeps; none: it is suspended): in the round that
+        follows at once, before the policy decides."""
+        self.reserved_cuts.update(cut)
+        self.wake.set()
 
     def place(self, job_id: str, nodes: List[str]) -> None:
         """Have the job hold one slot on each of `nodes` (node ids), in place, and its model say so. The supervisor
@@ -223,9 +231,10 @@ class RayCluster:
         self.due = time.monotonic() + self.round_s
         self._describe()
 
-    def view(self, now: float) -> tuple:
+    def view(self, now: float) -> View:
         """The jobs the policy sees (queued, suspended and running ones; a suspending one only once it has left), as
-        their models, on the nodes' free slots; first the supervisors' news and the nodes' changes."""
+        their models, on the nodes' free slots, and the cuts that slots gone or reserved force; first the
+        supervisors' news and the nodes' changes."""
         self._placed()
         slots = slot_nodes()
         self.types.update(slot_types(self.slot_type))  # a node gone keeps its type: jobs' models may still name it
@@ -234,7 +243,7 @@ class RayCluster:
                 self.drop_reservation(slot_id)
         capacity = self.capacity(slots)
         self._follow(now + self.t0)
-        self._fit(self.table.list((JobState.RUNNING,)), capacity)
+        cuts = self._cuts(self.table.list((JobState.RUNNING,)), capacity)
         seen = self.table.list(WAITING + (JobState.RUNNING,))
         node_ids, cluster = policy_view(capacity, {n: self._type(n) for n in capacity})
         for job in seen:
@@ -243,33 +252,31 @@ class RayCluster:
                 app = self.apps[job["application"]] if job["application"] else None
                 record.model = live.job_model(job["id"], job["submitted"] - self.t0, job["virtual_workers"],
                                               job["max_procs"], app, job["batch_size"], self.policy,
-                                              d2=determinism.ISA_ENV in job["env"])
+                                              d2=determinism.ISA_ENV in job["env"], min_procs=job["min_procs"])
                 if app is not None:
                     record.model.fits = self.fits  # shared by this scheduler's jobs, as by a simulation's
                 live.restore(record.model, job["history"])  # a job the scheduler before this one modelled
                 if job["nodes"]:  # a job taken back after a restart
                     live.place(record.model, self._groups(job["nodes"]))
-        self.policy.limits = {j["id"]: (j["min_procs"], j["max_procs"]) for j in seen}
-        self.seen, self.node_ids = {j["id"]: j for j in seen}, node_ids
-        index = {n: i for i, n in enumerate(node_ids)}
-        allocations = {j["id"]: tuple(index[n] for n in j["nodes"]) for j in seen if j["nodes"]}
-        return [self.jobs[j["id"]].model for j in seen], cluster, allocations
+        self.seen = {j["id"]: j for j in seen}
+        return View([self.jobs[j["id"]].model for j in seen], cluster,
+                    {j["id"]: tuple(j["nodes"]) for j in seen if j["nodes"]}, tuple(node_ids), cuts)
 
     def has_run(self, job_id: str) -> bool:
         return self.seen[job_id]["state"] != JobState.QUEUED
 
-    def carry_out(self, now: float, cluster, decided: dict, changes: List[Decision]) -> None:
+    def carry_out(self, now: float, changes: List[Decision]) -> None:
         for change in changes:
-            if change.change == Change.SUSPEND:  # a running job the policy stops (below its minimum, too)
-                self.suspend(change.job, f"preempted by {self.policy.name}")
+            if change.change == Change.SUSPEND:  # a running job the policy stops (below its minimum, too), or a cut
+                self.suspend(change.job, change.why)
                 continue
             if self.seen[change.job]["state"] in WAITING:  # (a running job cut to no slot has its supervisor)
                 self._start(self.seen[change.job])
-            nodes = [self.node_ids[i] for i in change.new]
-            self.place(change.job, nodes)
-            log.info("%s: %s, %d slots on %s", change.job, change.change, len(nodes), ", ".join(sorted(set(nodes))))
+            self.place(change.job, list(change.new))
+            log.info("%s: %s (%s), %d slots on %s", change.job, change.change, change.why, len(change.new),
+                     ", ".join(sorted(set(change.new))))
 
-    def account(self, now: float, decided: dict) -> None:
+    def account(self, now: float, held: dict) -> None:
         pass  # the job table recorded every change as it was made
 
     def _describe(self) -> None:
@@ -382,21 +389,22 @@ class RayCluster:
             self.jobs[job_id].leave_slots()
         log.warning("%s: %s", job_id, note)
 
-    def _fit(self, running: List[dict], capacity: Dict[str, int]) -> None:
-        """Cut the running jobs' slots to what the nodes have: a node lost (its processes are gone with it; the
-        others recover in place) takes all of its slots; the earliest jobs keep theirs first. A suspending job
-        keeps its slots until it has left them (its reserved ones too): the job table says what it holds."""
-        held = Counter()
+    def _cuts(self, running: List[dict], capacity: Dict[str, int]) -> List[Cut]:
+        """The running jobs' slots cut to what the nodes have: first those being reserved (as `reserve_from` said),
+        then a node lost (its processes are gone with it; the others recover in place) takes all of its slots; the
+        earliest jobs keep theirs first. A suspending job keeps its slots until it has left them (its reserved ones
+        too): the job table says what it holds."""
+        reserved, self.reserved_cuts = self.reserved_cuts, {}
+        held, cuts = Counter(), []
         for job in running:
+            nodes = reserved.get(job["id"], job["nodes"])
             keep = []
-            for n in job["nodes"]:
+            for n in nodes:
                 if held[n] < capacity.get(n, 0):
                     keep.append(n)
                     held[n] += 1
-            if keep == job["nodes"]:
-                continue
-            log.warning("%s: %d of its slots are gone with their node", job["id"], len(job["nodes"]) - len(keep))
-            if keep and self.jobs.get(job["id"], Tracked()).supervisor is not None:
-                self.place(job["id"], keep)
-            else:  # nothing left to run on: its supervisor reports how it ended
-                self.table.update(job["id"], nodes=keep)
+            if keep != job["nodes"]:
+                why = "its slots were reserved" if keep == nodes else \
+                    f"{len(nodes) - len(keep)} of its slots went with their node"
+                cuts.append(Cut(job["id"], tuple(keep), why))
+        return cuts

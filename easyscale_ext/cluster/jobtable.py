@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import List, Optional
 
-from ..sched.lifecycle import ENDED, LIVE, IllegalMove, JobState, sources
+from .lifecycle import ENDED, LIVE, IllegalMove, JobState, sources
 
 _JSON = ("argv", "env", "nodes", "live", "history")
 _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TEXT", "virtual_workers": "INTEGER",
@@ -20,7 +20,7 @@ _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TE
             "finished": "REAL", "exit_code": "INTEGER", "nodes": "TEXT", "log_dir": "TEXT", "application": "TEXT",
             "batch_size": "INTEGER", "note": "TEXT",  # note: why a job waits in the queue again (suspended, ...)
             "live": "TEXT", "step_s": "REAL",  # a running job's supervisor's last answer, and seconds per step
-            "history": "TEXT"}  # its model's service so far (sched.live.history): a restarted scheduler's goes on
+            "history": "TEXT"}  # its model's service so far (cluster.live.history): a restarted scheduler's goes on
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",
@@ -64,9 +64,10 @@ class JobTable:
         with self.lock:
             self.db.execute("INSERT INTO jobs (id, name, argv, env, virtual_workers, min_procs, max_procs, state, "
                             "submitted, nodes, application, batch_size, log_dir) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, '[]', ?, ?, ?)",
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, '[]', ?, ?, ?)",
                             (job_id, name, json.dumps(argv), json.dumps(env), virtual_workers, min_procs,
-                             max_procs, time.time(), application, batch_size, os.path.join(logs, job_id)))
+                             max_procs, str(JobState.QUEUED), time.time(), application, batch_size,
+                             os.path.join(logs, job_id)))
         return job_id
 
     def update(self, job_id: str, **fields) -> None:

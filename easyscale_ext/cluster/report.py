@@ -4,6 +4,7 @@ from collections import Counter
 from typing import List
 
 from ..sched.simulator import Result
+from .lifecycle import JobState
 
 
 def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster: str, round_s: float) -> Result:
@@ -32,7 +33,7 @@ def run_result(jobs: List[dict], allocations: List[tuple], policy: str, cluster:
                 "jct": j["finished"] - j["submitted"], "gpus_asked": j["max_procs"],
                 "restarts": max(starts[j["id"]] - 1, 0),
                 "gpu_seconds": attained[j["id"]]}
-               for j in jobs if j["state"] == "finished"]
+               for j in jobs if j["state"] == JobState.FINISHED]
     recorded = {r["name"] for r in records}  # a job that failed or was cancelled held slots, but has no JCT
     return Result(policy, cluster, {"driver": "cluster", "round_s": round_s}, records,
                   {"time": times, "gpus": gpus, "active": active}, [s for s in segments if s[0] in recorded])

@@ -12,16 +12,15 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import determinism, spawn
-from ..sched import live, rounds
-from ..sched.lifecycle import HOLDING, LIVE, JobState
+from ..sched import rounds
 from ..sched.models.application import EPOCHS, GPU_TYPES, Applications
 from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
 from ..sched.policies.base import Policy
-from ..sched.policies.limits import Limits
-from . import NAMESPACE, SLOT, TYPED, reserve
+from . import NAMESPACE, SLOT, TYPED, live, reserve
 from .backend import RayCluster, slot_nodes, slot_types
 from .jobtable import JobTable, no_such_job
+from .lifecycle import HOLDING, LIVE, JobState
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +57,11 @@ class Scheduler:
         self.state_dir, self.round_s, self.slot_type = state_dir, round_s, slot_type
         self.preempt = preempt  # the policy and reservations may suspend a job
         self.table = JobTable(os.path.join(state_dir, "jobs.sqlite"))
-        self.policy = Limits(POLICIES[policy](0) if isinstance(policy, str) else policy, preempt)
+        self.policy = POLICIES[policy](0) if isinstance(policy, str) else policy
         self.policy_name = self.policy.name
         self.apps = Applications(data_dir(data))
         self.cluster = RayCluster(self.table, self.policy, self.apps, slot_type, round_s)
-        threading.Thread(target=rounds.run, args=(self.cluster, self.policy), daemon=True,
+        threading.Thread(target=rounds.run, args=(self.cluster, self.policy, preempt), daemon=True,
                          name="easyscale-scheduler").start()
 
     # -- the verbs --------------------------------------------------------------------------------
@@ -136,20 +135,15 @@ class Scheduler:
             raise ValueError(f"reserve at least one slot, not {count}")
         with self.cluster.lock:
             running = {j["id"]: j for j in self.table.list((JobState.RUNNING,))}  # a suspending job is leaving
-            taken, cut = reserve.take(count, node, self.cluster.capacity(slot_nodes()),
-                                      {i: j["nodes"] for i, j in running.items()},
+            holdings = {i: self.cluster.reserved_cuts.get(i, j["nodes"]) for i, j in running.items()}
+            taken, cut = reserve.take(count, node, self.cluster.capacity(slot_nodes()), holdings,
                                       {i: j["min_procs"] for i, j in running.items()}, suspend=self.preempt)
-            for job_id, nodes in cut.items():
-                if nodes:
-                    self.cluster.place(job_id, nodes)
-                else:
-                    self.cluster.suspend(job_id, "its slots were reserved")
+            self.cluster.reserve_from(cut)  # the jobs leave them in the round this starts
             for n in taken:
                 slot_id = self.table.reserve(n)
                 reserve.ReservedSlot.options(
                     name=f"reserved/{slot_id}", namespace=NAMESPACE, lifetime="detached", resources={SLOT: 1},
                     scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-        self.cluster.wake.set()
         return taken
 
     def unreserve(self, count: Optional[int] = None, node: Optional[str] = None) -> int:
@@ -214,7 +208,7 @@ class Scheduler:
         number of jobs that have come and gone (bench/bench_memory.py)."""
         import psutil  # Ray's own dependency
 
-        owners = {"cluster": self.cluster, "limits": self.policy, "policy": self.policy.policy,
+        owners = {"cluster": self.cluster, "policy": self.policy,
                   **{f"apps.{name}": app for name, app in self.apps.items()}}
         sizes = {f"{owner}.{attr}": len(value) for owner, obj in owners.items() for attr, value in vars(obj).items()
                  if isinstance(value, (dict, list, set, deque))}

@@ -31,6 +31,6 @@ class RuntimeCosts:
     # is 0 at age 0)
     reported_steps: int = 0  # a job runs this many equal steps over its length, reporting each when done (cluster
     # mode's jobs): the policy knows its share done as of its last report and sees a job given GPUs as reallocating
-    # until it reported a step on them, as cluster mode's scheduler does (sched.live), and a job leaves GPUs in place
+    # until it reported a step on them, as cluster mode's scheduler does (cluster.live), and a job leaves GPUs in place
     # when its step in flight ends; 0: the policy knows its progress at every moment, and that it runs from the end
     # of its modelled start, and changes in place take effect at once

@@ -92,7 +92,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
     if policy.virtual_workers:
         specs = [as_virtual_workers(s, apps[s.app]) for s in specs]
     make = job_maker(config)
-    jobs = [make(s, apps, policy.batch_size(s, s.app and apps[s.app])) for s in specs]
+    jobs = [make(s, apps, batch_of(s, policy, apps)) for s in specs]
     fits = {}  # the throughput fits this simulation's jobs share (AppJob._fit)
     for job in (j for j in jobs if j.spec.app is not None):  # layer freezing, where the job opts in
         job.fits = fits
@@ -125,6 +125,7 @@ class SimulatedCluster:
         self.times, self.gpus_used, self.num_active = [], [], []
         self.now, self.arrived, self.idle = 0.0, 0, 0
         self.lag = costs.arrival_lag_s if costs.rounds_at_arrivals else 0.0
+        self.keys = tuple(range(cluster.num_nodes))  # a node's key is its index
 
     def next_round(self):
         config, costs, jobs, now = self.config, self.costs, self.jobs, self.now
@@ -166,16 +167,20 @@ class SimulatedCluster:
         if not self.active:
             return None
         seen = [job for name, job in self.active.items() if name not in self.leaving]  # one leaving: out of sight
-        return seen, self.cluster, self.allocations
+        return rounds.View(seen, self.cluster, self.allocations, self.keys)
 
     def has_run(self, name) -> bool:
         return name in self.first_start
 
-    def carry_out(self, now, cluster, decided, changes):
-        config, costs = self.config, self.costs
+    def carry_out(self, now, changes):
+        config, costs, cluster = self.config, self.costs, self.cluster
+        allocations = dict(self.allocations)
+        for change in changes:
+            allocations[change.job] = change.new
+        decided = {name: alloc for name, alloc in allocations.items() if alloc}
         if config.check:
             _check(now, decided, self.active, cluster)
-        suspended = Counter(n for name, alloc in self.allocations.items() if name not in decided for n in alloc)
+        suspended = Counter(n for change in changes if not change.new for n in change.old)
         for change in changes:
             name, old, alloc, job = change.job, change.old, change.new, self.active[change.job]
             if config.check and name in self.paused and job.progress != self.paused[name]:
@@ -202,7 +207,8 @@ class SimulatedCluster:
                     self.leaving[name] = now + costs.suspend_s
         self.allocations = decided
 
-    def account(self, now, decided):
+    def account(self, now, held):
+        self.allocations = decided = held  # the same, in the order of the policy, which reads it next round
         self.times.append(now)
         self.gpus_used.append(sum(map(len, decided.values())))
         self.num_active.append(len(self.active))
@@ -210,6 +216,11 @@ class SimulatedCluster:
         if self.idle > self.config.max_idle_rounds:
             raise InvariantError(f"t={now}: {len(self.active)} jobs wait but {self.policy.name} has allocated nothing "
                                  f"for {self.idle} rounds and no job is left to arrive: they would never finish")
+
+
+def batch_of(spec, policy, apps):
+    """The global batch a job runs with: its own where it keeps it, else the policy's (None: the policy tunes it)."""
+    return spec.batch_size if spec.keeps_batch else policy.batch_size(spec, spec.app and apps[spec.app])
 
 
 def job_maker(config):
@@ -260,7 +271,7 @@ def validate(specs, policy, cluster, job_model="project", apps=None):
         if any(s.virtual_workers is None for s in specs):
             raise ValueError("EasyScale's job model runs EasyScale-format workloads (virtual workers per job); this "
                              "one is not: simulate it with --calibration none")
-        if any(policy.batch_size(s, apps[s.app]) is None for s in specs):
+        if any(batch_of(s, policy, apps) is None for s in specs):
             raise ValueError(f"{policy.name} tunes batch sizes, which EasyScale's job model fixes: simulate it with "
                              "--calibration none")
     if policy.profiled and any(s.app is None for s in specs):
@@ -270,7 +281,7 @@ def validate(specs, policy, cluster, job_model="project", apps=None):
     if policy.one_gpu_type and not cluster.homogeneous:
         raise ValueError(f"{policy.name} models one GPU type; the cluster {cluster.spec} mixes several")
     largest = max(cluster.room(cluster.gpus).values())  # a job runs on one GPU type
-    too_big = [s.name for s in specs if s.num_gpus > largest]
+    too_big = [s.name for s in specs if max(s.num_gpus, s.min_gpus) > largest]
     if too_big:
         raise ValueError(f"{len(too_big)} jobs ask for more GPUs than the cluster {cluster.spec} has of one "
                          f"type, e.g. {too_big[0]}")

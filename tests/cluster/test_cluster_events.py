@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from easyscale_ext.cluster.scheduler import launch
-from easyscale_ext.sched.lifecycle import LIVE
+from easyscale_ext.cluster.lifecycle import LIVE
 from support.jobs import JOB, START_S, reference
 
 pytestmark = pytest.mark.multiprocess

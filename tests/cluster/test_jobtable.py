@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from easyscale_ext.cluster.jobtable import JobTable
-from easyscale_ext.sched.lifecycle import ENDED, LIVE, MOVES, IllegalMove, JobState
+from easyscale_ext.cluster.lifecycle import ENDED, LIVE, MOVES, IllegalMove, JobState
 
 WRITER = """
 import sys

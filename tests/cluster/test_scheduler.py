@@ -13,13 +13,13 @@ import ray
 from easyscale_ext.cluster.backend import policy_view
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
-from easyscale_ext.sched.lifecycle import LIVE
+from easyscale_ext.cluster.lifecycle import LIVE
 from support.jobs import JOB, START_S, reference
 from test_supervisor import slot_on
 
 pytestmark = pytest.mark.multiprocess
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-PER_JOB = ("cluster.jobs", "cluster.seen", "limits.limits")  # what the scheduler keeps of each live job
+PER_JOB = ("cluster.jobs", "cluster.seen", "cluster.reserved_cuts")  # what the scheduler keeps of each live job
 
 
 def test_the_policy_sees_nodes_by_type_then_id_as_the_simulation_does():

@@ -11,7 +11,7 @@ import ray
 
 from easyscale_ext.cluster.scheduler import launch
 from easyscale_ext.sched.policies.base import Policy
-from easyscale_ext.sched.lifecycle import LIVE
+from easyscale_ext.cluster.lifecycle import LIVE
 from support.jobs import START_S, reference
 from test_scheduler import ENV, job_argv, resumable_argv, stop, wait_for_step
 

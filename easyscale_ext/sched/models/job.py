@@ -73,7 +73,7 @@ class Job:
     def reallocating(self) -> bool:
         """Its processes are (re)starting or its joiners preparing, or (with reported_steps) it has not yet reported
         a step on its allocation: a policy that leaves such a job be waits until it runs on what it was given (in
-        cluster mode, until the real job reports that it does: sched.live)."""
+        cluster mode, until the real job reports that it does: cluster.live)."""
         return self.delay_left > 0 or self.joining is not None or self.progress < self.report_at
 
     @property

@@ -32,6 +32,9 @@ class JobSpec:
     epochs: Optional[int] = None  # None: the application's
     freeze: bool = False  # opts in to layer freezing (models/freezing.py; a workload's optional `freeze` column)
     model: Optional[str] = None  # the application as the workload names it, where a stand-in runs in its place
+    min_gpus: int = 1  # the fewest GPUs it runs on, and the most (None: no bound), whatever the policy decides
+    max_gpus: Optional[int] = None  # (sched/limits.py; a workload's optional `min_gpus`, `max_gpus` columns)
+    keeps_batch: bool = False  # its global batch is its own (a real job's virtual workers fix it), not the policy's
 
 
 D2_MAX_COST = 1.1  # a job may mix GPU types where D2 costs its model at most this (step time over plain DDP's)
@@ -71,6 +74,7 @@ def load_workload(path, limit=None) -> list:
         raise ValueError(f"{path} lacks the column(s) {','.join(missing)} of a {kind} workload "
                          f"({','.join(FORMATS[kind])})")
     freeze = [bool(int(x)) for x in cols["freeze"]] if "freeze" in cols else None
+    limits = {c: [int(x) for x in cols[c]] for c in ("min_gpus", "max_gpus") if c in cols}
     if kind == "EasyScale":
         specs = [JobSpec(str(n), float(t), int(d), str(a), int(d) * int(b), virtual_workers=int(d),
                          heterogeneous=bool(int(h)), preferred_gpu=str(g), epochs=int(e))
@@ -87,6 +91,12 @@ def load_workload(path, limit=None) -> list:
         raise ValueError(f"{path} has no jobs")
     if freeze is not None:  # an optional column of any format: 1 where the job opts in to layer freezing
         specs = [replace(s, freeze=f) for s, f in zip(specs, freeze)]
+    if limits:  # optional columns of any format: the GPUs each job must hold, at least and at most
+        specs = [replace(s, **{c: v[i] for c, v in limits.items()}) for i, s in enumerate(specs)]
+        bad = next((s for s in specs if s.min_gpus < 1 or s.max_gpus is not None and s.max_gpus < s.min_gpus), None)
+        if bad is not None:
+            raise ValueError(f"{path}: job {bad.name} needs 1 <= min_gpus ({bad.min_gpus}) <= max_gpus "
+                             f"({bad.max_gpus})")
     order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, specs[i].name))
     specs = [specs[i] for i in order]
     return specs[:limit] if limit else specs

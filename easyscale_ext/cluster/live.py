@@ -11,8 +11,8 @@ same models, with the same fields, in both drivers.
 import math
 from typing import Optional
 
-from .models.job import AppJob, TraceJob, make_job
-from .models.workload import JobSpec
+from ..sched.models.job import AppJob, TraceJob, make_job
+from ..sched.models.workload import JobSpec
 
 
 class ElasticTraceJob(TraceJob):
@@ -24,17 +24,19 @@ class ElasticTraceJob(TraceJob):
 
 
 def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, app=None, batch_size=None,
-              policy=None, d2: bool = False):
+              policy=None, d2: bool = False, min_procs: int = 1):
     """The model of a submitted job: a profiled application's (with `app`) or else a trace job of unknown
-    length that asks for `max_procs` slots. `d2`: it runs at D2, so it may span device types, and its steps cost
-    D2's compute on one type too."""
+    length that asks for `max_procs` slots; it holds between `min_procs` and `max_procs`. `d2`: it runs at D2, so
+    it may span device types, and its steps cost D2's compute on one type too. A real job keeps its global batch
+    (its virtual workers' micro-batches, which keep its bits): a policy that would tune it models it at that
+    batch."""
+    limits = dict(min_gpus=min_procs, max_gpus=max_procs)
     if app is None:
-        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf"), heterogeneous=d2))
+        return ElasticTraceJob(JobSpec(name, arrival, max_procs, duration=float("inf"), heterogeneous=d2, **limits))
     batch = batch_size or virtual_workers * max(1, app.init_batch_size // virtual_workers)
     spec = JobSpec(name, arrival, max_procs, app=app.name, batch_size=batch, virtual_workers=virtual_workers,
-                   heterogeneous=d2, runs_d2=d2)
-    tuned = policy.batch_size(spec, app) if policy is not None else batch
-    job = make_job(spec, {app.name: app}, tuned)
+                   heterogeneous=d2, runs_d2=d2, keeps_batch=True, **limits)
+    job = make_job(spec, {app.name: app}, batch)
     job.per_type_fit = policy is not None and policy.per_type_models  # as the simulator makes it
     return job
 
