@@ -31,13 +31,13 @@ from easyscale_ext.sched.simulator import SIA_RESTARTS, simulate
 
 SPLITS = {"decide": 0, "verdict": 1_000_000}
 LOADS = (0.5, 1.0, 2.0)
-OURS = "elastic-goodput"
+JUDGED = "elastic-goodput"
 BASELINES = ("sia", "sia-inplace")
 # No `-no-mixed`: a sampled job does not say it may mix GPU types, so elastic-goodput keeps it on one type anyway.
 ABLATIONS = ("elastic-goodput-no-fast-growth", "elastic-goodput-sia-objective", "elastic-goodput-no-remaining")
 CELLS = [(shape, load) for shape in SHAPES for load in LOADS]
 # Settings of elastic-goodput not (yet) its own, judged here on the decision draws: an age bound on Smith's weight.
-CANDIDATES = {f"{OURS}-age-{hours}h": (lambda hours=hours: ElasticGoodputPolicy(age_s=hours * 3600.0))
+CANDIDATES = {f"{JUDGED}-age-{hours}h": (lambda hours=hours: ElasticGoodputPolicy(age_s=hours * 3600.0))
               for hours in (2, 6)}
 
 
@@ -79,7 +79,7 @@ def ratios(figures, split, cell, draws, num, den, metric="avg") -> np.ndarray:
     return np.array([figures[a][metric] / figures[b][metric] for a, b in keys if a in figures and b in figures])
 
 
-RATIOS = (("sia",), ("sia-inplace",), ("sia", "p99"), ("sia", "makespan"))  # ours over: (baseline, metric)
+RATIOS = (("sia",), ("sia-inplace",), ("sia", "p99"), ("sia", "makespan"))  # elastic-goodput over: (baseline, metric)
 
 
 def goals(pooled) -> None:
@@ -87,11 +87,11 @@ def goals(pooled) -> None:
     if not len(pooled["all", ""][0]):
         return
     sia, inplace, p99, makespan = pooled["all", ""]
-    lines = [(f"ours below sia-inplace on >= 90 % of draws: {np.mean(inplace < 1):.0%}", np.mean(inplace < 1) >= 0.9),
-             (f"ours / sia-inplace <= 0.95 at the median: {np.median(inplace):.3f}", np.median(inplace) <= 0.95),
+    lines = [(f"elastic-goodput below sia-inplace on >= 90 % of draws: {np.mean(inplace < 1):.0%}", np.mean(inplace < 1) >= 0.9),
+             (f"elastic-goodput / sia-inplace <= 0.95 at the median: {np.median(inplace):.3f}", np.median(inplace) <= 0.95),
              (f"p99 / Sia's <= 1 at the median: {np.median(p99):.3f}", np.median(p99) <= 1),
              (f"makespan / Sia's <= 1 at the median: {np.median(makespan):.3f}", np.median(makespan) <= 1)]
-    lines += [(f"ours / sia <= 0.85 at the median on {shape}: {np.median(v[0]):.3f}", np.median(v[0]) <= 0.85)
+    lines += [(f"elastic-goodput / sia <= 0.85 at the median on {shape}: {np.median(v[0]):.3f}", np.median(v[0]) <= 0.85)
               for (shape, load), v in pooled.items() if load == "all" and len(v[0])]
     print()
     for text, met in lines:
@@ -108,12 +108,12 @@ def spread(values) -> str:
 
 def tables(figures, split, draws, policies) -> None:
     print(f"\n{split} draws ({draws} per cell); ratios of avg JCT unless named: median [10th, 90th percentile]\n")
-    print("| shape | load | draws | ours / sia | ours / sia-inplace | ours below sia-inplace | p99: ours / sia | "
-          "makespan: ours / sia |")
+    print("| shape | load | draws | EG / sia | EG / sia-inplace | EG below sia-inplace | p99: EG / sia | "
+          "makespan: EG / sia |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}  # (shape, load) -> the four ratios' arrays over the cell's draws
     for cell, (shape, load) in enumerate(CELLS):
-        rows[shape, load] = [ratios(figures, split, cell, draws, OURS, *pair) for pair in RATIOS]
+        rows[shape, load] = [ratios(figures, split, cell, draws, JUDGED, *pair) for pair in RATIOS]
     groups = [((s, f"{l:g}"), [rows[s, l]]) for s, l in CELLS]
     groups += [((s, "all"), [rows[s, l] for l in LOADS]) for s in SHAPES] + [(("all", ""), list(rows.values()))]
     pooled = {}
@@ -124,23 +124,23 @@ def tables(figures, split, draws, policies) -> None:
               f"{spread(makespan)} |")
         pooled[shape, load] = sia, inplace, p99, makespan
     goals(pooled)
-    ablations = [p for p in policies if p not in (OURS, *BASELINES)]
+    ablations = [p for p in policies if p not in (JUDGED, *BASELINES)]
     if not ablations:
         return
-    print(f"\neach choice taken out (or setting added): its avg JCT over {OURS}'s per shape over its loads (above 1: "
-          "the choice pays), over every draw, the share of draws where it pays, and its p99 over ours\n")
-    print("| variant | " + " | ".join(SHAPES) + " | all | pays on | p99 / ours |")
+    print(f"\neach choice taken out (or setting added): its avg JCT over {JUDGED}'s per shape over its loads (above 1: "
+          "the choice pays), over every draw, the share of draws where it pays, and its p99 over elastic-goodput's\n")
+    print("| variant | " + " | ".join(SHAPES) + " | all | pays on | p99 / EG |")
     print("|---|" + "---:|" * (len(SHAPES) + 3))
     for policy in ablations:
         per_shape, every, p99 = [], [], []
         for shape in SHAPES:
             cells = [cell for cell, (s, _) in enumerate(CELLS) if s == shape]
-            values = [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS)]
-            p99 += [r for cell in cells for r in ratios(figures, split, cell, draws, policy, OURS, "p99")]
+            values = [r for cell in cells for r in ratios(figures, split, cell, draws, policy, JUDGED)]
+            p99 += [r for cell in cells for r in ratios(figures, split, cell, draws, policy, JUDGED, "p99")]
             per_shape.append(f"{np.median(values):.3f}" if values else "-")
             every += values
         pays = f"{np.mean(np.array(every) > 1):.0%}" if every else "-"
-        print(f"| {policy.removeprefix(OURS + '-')} | " + " | ".join(per_shape) +
+        print(f"| {policy.removeprefix(JUDGED + '-')} | " + " | ".join(per_shape) +
               f" | {spread(every)} | {pays} | {spread(p99)} |")
 
 
@@ -148,8 +148,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", choices=list(SPLITS), required=True)
     parser.add_argument("--draws", type=int, default=4, help=f"draws per cell of {len(CELLS)} (default 4)")
-    parser.add_argument("--policies", default=",".join((OURS, *BASELINES, *ABLATIONS)),
-                        help="comma-separated, of sched.policies.RUNNABLE and CANDIDATES (default: ours, the "
+    parser.add_argument("--policies", default=",".join((JUDGED, *BASELINES, *ABLATIONS)),
+                        help="comma-separated, of sched.policies.RUNNABLE and CANDIDATES (default: elastic-goodput, the "
                              "baselines and the ablations)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", required=True, help="figures kept here, read back on a rerun")
