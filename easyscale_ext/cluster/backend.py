@@ -3,15 +3,15 @@ decisions carried out on Ray through the jobs' supervisors.
 
 A round: the supervisors say which jobs ended and how far the others are; each job's model (the one a simulation
 would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
-the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and
-running jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again after a suspension, gets a supervisor and starts on
-them; a running job whose slots change moves there in place (supervisor.place); a running job the policy stops is
-suspended: it saves a checkpoint at its next step boundary, leaves its slots and waits to resume wherever it gets
-slots (with `preempt=False`, `cluster start --no-preempt`, a running job keeps at least one slot instead). Slots
-are Ray resources, so a slot is never held by two processes, whatever the timing of decisions, releases,
-reservations and failures. The node list is read every round: a node lost takes its slots out of the next
-decision, and its jobs, recovered in place on their other slots, keep those. Every change of a job's slots is a
-decision of the round (sched.rounds), carried out here. What a job's state may become is
+the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running
+jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again
+after a suspension, gets a supervisor and starts on them; a running job whose slots change moves there in place
+(supervisor.place); a running job the policy stops is suspended: it saves a checkpoint at its next step boundary,
+leaves its slots and waits to resume wherever it gets slots (with `preempt=False`, `cluster start --no-preempt`, a
+running job keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes,
+whatever the timing of decisions, releases, reservations and failures. The node list is read every round: a node lost
+takes its slots out of the next decision, and its jobs, recovered in place on their other slots, keep those. Every
+change of a job's slots is a decision of the round (sched.rounds), carried out here. What a job's state may become is
 lifecycle.py's; the job table enforces it.
 """
 import logging
