@@ -48,7 +48,7 @@ class Backend:
             self.nodes.remove(node)
             cuts += [Cut(job, tuple(n for n in nodes if n != node), f"{node} lost") for job, nodes in self.held.items()
                      if node in nodes]
-        cluster = Cluster(",".join(f"1x2:t4" for _ in self.nodes), (2,) * len(self.nodes), ("t4",) * len(self.nodes))
+        cluster = Cluster(",".join("1x2:t4" for _ in self.nodes), (2,) * len(self.nodes), ("t4",) * len(self.nodes))
         return View(self.jobs, cluster, dict(self.held), tuple(self.nodes), cuts)
 
     def has_run(self, job):
