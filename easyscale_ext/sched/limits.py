@@ -24,7 +24,7 @@ def hold(policy, now, jobs, cluster, allocations: Dict[str, tuple], preempt: boo
     jobs = list(jobs)
     decided = policy.optimize(now, jobs, cluster, dict(allocations))
     limits = {job.name: (job.spec.min_gpus, job.spec.max_gpus) for job in jobs}
-    result, short = {}, []
+    result, short = {}, {}
     for name, alloc in decided.items():
         low, high = limits.get(name, (1, None))
         alloc = alloc[:high]
@@ -32,12 +32,12 @@ def hold(policy, now, jobs, cluster, allocations: Dict[str, tuple], preempt: boo
             result[name] = alloc
         elif alloc:
             result[name] = ()  # its place in the order, until topped up
-            short.append((name, alloc, low))
+            short[name] = (alloc, low)
     if short:
         free = cluster.free({name: alloc for name, alloc in result.items() if alloc})
-        by_name = {job.name: job for job in jobs}
-        for name, alloc, low in sorted(short, key=lambda s: jobs.index(by_name[s[0]])):
-            result[name] = _top_up(policy.spans_types(by_name[name]), alloc, low, cluster, free)
+        for job in (j for j in jobs if j.name in short):  # in arrival order
+            alloc, low = short[job.name]
+            result[job.name] = _top_up(policy.spans_types(job), alloc, low, cluster, free)
     result = {name: alloc for name, alloc in result.items() if alloc}
     if preempt:  # every allocation is within the policy's or the free GPUs, which fits
         return result

@@ -174,12 +174,13 @@ class SimulatedCluster:
 
     def carry_out(self, now, changes):
         config, costs, cluster = self.config, self.costs, self.cluster
-        allocations = dict(self.allocations)
         for change in changes:
-            allocations[change.job] = change.new
-        decided = {name: alloc for name, alloc in allocations.items() if alloc}
+            if change.new:
+                self.allocations[change.job] = change.new
+            else:
+                del self.allocations[change.job]
         if config.check:
-            _check(now, decided, self.active, cluster)
+            _check(now, self.allocations, self.active, cluster)
         suspended = Counter(n for change in changes if not change.new for n in change.old)
         for change in changes:
             name, old, alloc, job = change.job, change.old, change.new, self.active[change.job]
@@ -205,7 +206,6 @@ class SimulatedCluster:
                 self.paused[name] = job.progress
                 if costs.suspend_s:
                     self.leaving[name] = now + costs.suspend_s
-        self.allocations = decided
 
     def account(self, now, held):
         self.allocations = decided = held  # the same, in the order of the policy, which reads it next round
