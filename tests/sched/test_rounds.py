@@ -142,3 +142,14 @@ def test_the_simulator_honours_a_workloads_limits(tmp_path):
     held = {name: {gpus for job, _, _, gpus in result.segments if job == name} for name in ("held", "free")}
     assert min(held["held"]) >= 2 and max(held["held"]) <= 3, held
     assert min(held["free"]) < 2 or max(held["free"]) > 3, held  # unheld, the same policy goes past both
+
+
+def test_a_workloads_limits_that_cannot_hold_are_refused_naming_the_job(tmp_path):
+    import pytest
+
+    from easyscale_ext.sched.models.workload import load_workload
+
+    path = tmp_path / "w.csv"
+    path.write_text("name,time,application,num_replicas,batch_size,min_gpus,max_gpus\nj,0,cifar10,2,64,3,2\n")
+    with pytest.raises(ValueError, match="job j needs 1 <= min_gpus \\(3\\) <= max_gpus \\(2\\)"):
+        load_workload(str(path))
