@@ -90,10 +90,7 @@ class NodeForkServer:
                 ends[pid] = os.pidfd_open(pid)
             except ProcessLookupError:
                 continue
-            try:  # its process group, as SlotWorker.kill: a job process leads a session, its children are in it
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except ProcessLookupError:  # ended meanwhile
-                pass
+            kill_session(pid)
         try:
             deadline = time.monotonic() + END_WITHIN_S
             for pid, ended in ends.items():
@@ -162,10 +159,7 @@ class SlotWorker:
     def kill(self) -> Optional[int]:
         """Kill the process and whatever it started (DataLoader workers); returns its exit code."""
         if self._code(wait=False) is None:
-            try:
-                os.killpg(self.process_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_session(self.process_pid)
         return self._code(wait=True)
 
     def log(self, offset: int = 0, limit: int = 1 << 20) -> bytes:
@@ -209,6 +203,19 @@ def end_job(job: str, nodes: Iterable[str], incarnation: Optional[str] = None) -
             ray.get(ref)
         except ray.exceptions.RayActorError:  # gone with its node
             pass
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL process `pid` with whatever it started: a job process leads a session of its own from its first line
+    (its children are in it). Until then a forked one is still in its fork server's process group, which holds the
+    fork server itself: only the process is killed (it has started nothing yet)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # ended meanwhile
+        pass
 
 
 def _started_fresh(variable: str, match) -> List[int]:

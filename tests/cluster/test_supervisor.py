@@ -11,7 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from easyscale_ext.cluster import NAMESPACE, SLOT
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
-from easyscale_ext.cluster.worker import SlotWorker
+from easyscale_ext.cluster.worker import SlotWorker, fork_server_name
 from support.jobs import JOB, START_S, reference
 from support.sockets import listening
 
@@ -148,7 +148,9 @@ def test_a_job_is_done_only_once_every_process_it_started_has_ended(cluster, tmp
     then, or the job runs twice at once. A joiner whose slot's actor cannot answer its kill (its host silent: the
     actor and the joiner's process stopped) used to outlive the job's end: the supervisor took its actor for
     killed, and the process, which ends when its actor's process does, cannot while stopped. Its node's fork
-    server ends it now, and starts nothing of that incarnation again."""
+    server ends it now, and starts nothing of that incarnation again. Stopped this early, the joiner has not yet
+    left its fork server's process group for a session of its own: the server ends the process alone and waits
+    for its end (it used to kill its whole group, itself included, and so waited for nothing)."""
     a, b = cluster.node_ids()
     supervisor, status = started_job(tmp_path, "job-silent", [a], 6.0, "--steps", "200")
     stopped = []
@@ -162,9 +164,11 @@ def test_a_job_is_done_only_once_every_process_it_started_has_ended(cluster, tmp
             os.kill(p, signal.SIGSTOP)
             stopped.append(p)
         assert status().members == ["w0"], status()  # stopped before it was ready
+        server = ray.get_actor(fork_server_name(b), namespace=NAMESPACE)
         ray.get(supervisor.suspend.remote())  # w0 leaves at its next boundary; w1 is withdrawn, then killed
         wait(lambda: status().done is not None, "the end")
         assert not running(str(pid)), "the joiner's process outlived its job's end"
+        assert pid not in ray.get(server.running.remote([]), timeout=START_S)  # (RayActorError: it ended itself)
         assert status().suspended is not None and status().holding == []
     finally:
         for p in stopped:
