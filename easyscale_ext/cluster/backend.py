@@ -30,7 +30,7 @@ from ..sched.models.cluster import Cluster, placement_of
 from ..sched.rounds import Change, Cut, Decision, View
 from . import NAMESPACE, SLOT, TYPED, live
 from .jobtable import JobTable
-from .lifecycle import HOLDING, WAITING, JobState
+from .lifecycle import AFTER, HOLDING, WAITING, JobState, Run
 from .supervisor import JobSupervisor, Report, wait_until_gone
 from .worker import end_job
 
@@ -325,23 +325,21 @@ class RayCluster:
                 self._orphaned(job_id)
                 left = True
                 continue
-            if report.done is not None:
+            if report.ended:
                 left = True
                 ray.kill(record.supervisor)  # detached: it would outlive its job
-                if report.orphaned or report.suspended is not None:  # it starts again from its checkpoint
+                state = AFTER[report.run]
+                if state == JobState.SUSPENDED:  # it starts again from its checkpoint
                     wait_until_gone(f"job/{job_id}")
                     job = self.table.get(job_id)
                     why = job["note"] if job["state"] == JobState.SUSPENDING else "every process left (SIGTERM)"
-                    note = f"suspended at step {report.suspended}: {why}" if report.suspended is not None \
-                        else report.orphaned
-                    self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
+                    note = f"suspended at step {report.step}: {why}" if report.run == Run.SUSPENDED else report.why
+                    self.table.move(job_id, state, nodes=[], note=note)
                     record.leave_slots()
                     log.warning("%s: %s; queued to start again", job_id, note)
-                elif report.done == 0:
-                    self.end(job_id, JobState.FINISHED, exit_code=0, finished=report.done_at or time.time(), nodes=[])
-                else:  # `easyscale logs` has the whole output
-                    self.end(job_id, JobState.FAILED, exit_code=report.done, finished=report.done_at or time.time(),
-                             nodes=[], note=report.error)
+                else:  # finished, or failed (`easyscale logs` has the whole output)
+                    self.end(job_id, state, exit_code=report.exit_code, finished=report.ended_at, nodes=[],
+                             **({"note": report.error} if state == JobState.FAILED else {}))
                 continue
             progress, model = report.progress, record.model
             following = model is not None and models

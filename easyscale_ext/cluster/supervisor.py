@@ -8,8 +8,8 @@ and a move does both, the joiners first (as many as the job's virtual workers al
 size meanwhile only where it must. `split` asks for another division of the virtual workers. The supervisor
 marks a process that exited with an error lost at once, as `easyscale run`'s launcher does, so the others
 recover in place. A process that has exited, for any reason (released, moved, failed, cancelled), gives its
-slot back at once: its actor is ended, its output kept in the log folder on the head. Each process is in one
-state (ProcessState: starting, joining, training, leaving, gone); what the supervisor says of the job is a Report.
+slot back at once: its actor is ended, its output kept in the log folder on the head. The job's run here and each
+of its processes move only as lifecycle.py allows (Run, ProcessState); what the supervisor says of it is a Report.
 """
 import logging
 import os
@@ -20,7 +20,6 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Dict, List, Optional
 
 import ray
@@ -29,17 +28,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import placement
 from .. import determinism
 from . import JOB_ENV, NAMESPACE, NODE_ENV, SLOT, TYPE_ENV
+from .lifecycle import AFTER, PROCESS_MOVES, RUN_MOVES, ProcessState, Run, move
 from .worker import END_WITHIN_S, SlotWorker, end_job, fork_server_name
 
 log = logging.getLogger(__name__)
-
-
-class ProcessState(StrEnum):
-    STARTING = "starting"  # one of the job's first processes: a member once the first group forms
-    JOINING = "joining"  # started to join the running job: prepares, then waits to be admitted
-    TRAINING = "training"  # a member of the job's current group
-    LEAVING = "leaving"  # released (it leaves at its next step boundary), or withdrawn before it was admitted
-    GONE = "gone"  # exited: `exit_code` says how
 
 
 @dataclass(frozen=True)
@@ -51,11 +43,16 @@ class Report:
     holding: List[str]  # the nodes of its processes that have not exited (members, joiners, leavers)
     progress: Optional[dict]  # rank 0's last report: step, total, time
     exited: Dict[str, int]  # the exit code of each process that has exited
-    done: Optional[int] = None  # the job's exit code once every process has exited
-    done_at: Optional[float] = None  # when
-    orphaned: Optional[str] = None  # why it ended unfinished with no process to go on (it resumes from a checkpoint)
-    suspended: Optional[int] = None  # the step it ended at, suspended before its last one
+    run: Run = Run.PLACING
+    ended_at: Optional[float] = None  # when every process had exited (the run ended)
+    exit_code: Optional[int] = None  # finished: 0; failed: the first failed process's
+    step: Optional[int] = None  # suspended: the step it left at, saved
+    why: Optional[str] = None  # orphaned: why it ended unfinished with no process to go on
     error: Optional[str] = None  # the first process that exited with an error: its name and last line of output
+
+    @property
+    def ended(self) -> bool:
+        return self.run in AFTER
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,13 +63,16 @@ class Process:
     """One process of the job, on one slot of `node`, run by its slot's actor."""
     node: str
     actor: ray.actor.ActorHandle
-    state: ProcessState
+    state: ProcessState  # changed by `move` only
     joiner: bool  # started to join, not with the job
     exit_code: Optional[int] = None
     withdrawn: bool = False  # told to leave before it was admitted, or lost so: its end is no failure of the script
     with_node: bool = False  # it went with its node
     retired: bool = False  # its slot's actor is ended (its slot free, its output kept on the head)
     pid: Optional[ray.ObjectRef] = None  # its pid on its node, once its actor says
+
+    def move(self, to: ProcessState) -> None:
+        self.state = move(PROCESS_MOVES, self.state, to, "a process")
 
 
 def wait_until_gone(name: str) -> None:
@@ -107,19 +107,14 @@ class JobSupervisor:
         self.desired: List[str] = []  # node ids, one per process
         self.type_of: Dict[str, str] = {}  # node id -> its slots' type, as the scheduler says
         self.unreachable: set = set()  # nodes gone before a process could start there: no more tries
-        self.orphaned: Optional[str] = None  # why the job ended unfinished with no process to go on: every one went
-        # with its node or was killed (SIGKILL, or SIGTERM before its handler); it resumes from its newest checkpoint
-        self.suspending = False  # asked to suspend: every process leaves, the job saving a checkpoint
-        self.suspended: Optional[int] = None  # the step it ended at, suspended before its last one
+        self.run = Run.PLACING  # changed by `_move` only
+        self.ending: dict = {}  # how it ended (Report's ended_at, exit_code, step, why), once it has
         self.joiner_lost = False  # a joiner went with its node: the job's target must drop back
         # what _start sets for each process (read once its script runs): the rest of a process's environment is
         # its node's fork server's, or the process is started fresh
         self.per_process = (client.STORE_ENV, client.SECRET_ENV, client.ID_ENV, client.JOIN_ENV, client.CHECKPOINT_ENV,
                             client.BALANCE_ENV, NODE_ENV, TYPE_ENV, JOB_ENV)
         self.spawned = 0
-        self.started = False
-        self.done: Optional[int] = None  # the job's exit code once every process has exited
-        self.done_at: Optional[float] = None  # when (a scheduler's round may come later: this is the job's end)
         self.error: Optional[str] = None  # Report.error
         self.lock = threading.Lock()
         threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
@@ -133,27 +128,27 @@ class JobSupervisor:
         if len(nodes) > self.virtual_workers:
             raise ValueError(f"{len(nodes)} slots for a job of {self.virtual_workers} virtual workers")
         with self.lock:
-            if self.suspending:  # leaving: nothing to place
+            if self.run not in (Run.PLACING, Run.RUNNING):  # leaving, or ended: nothing to place
                 return
             self.desired = list(nodes)
             self.type_of.update(zip(nodes, types or ()))
-            if not self.started:
+            if self.run == Run.PLACING:
                 first = [self._spawn(node, joining=False, name_only=True) for node in nodes]
                 self.store.set_members(0, first)
                 self.store.set_target(len(first))
                 for name, node in zip(first, nodes):
                     self._start(name, node, joining=False)
-                self.started = True
+                self._move(Run.RUNNING)
 
     def suspend(self) -> None:
         """Every process leaves at its next step boundary, where the job saves a checkpoint (its script's
         Checkpointer, as every process asked to leave does) and ends suspended, to resume from it elsewhere."""
         with self.lock:
-            self.suspending = True
-            self.desired = []  # the next tick withdraws the joiners and releases every member
-            if not self.started:  # no process to leave (the job's place() may have died with a scheduler): done
-                self.orphaned = "suspended before its processes started"
-                self.done, self.done_at = 0, time.time()
+            if self.run == Run.PLACING:  # no process to leave (the job's place() may have died with a scheduler)
+                self._move(Run.ORPHANED, why="suspended before its processes started")
+            elif self.run == Run.RUNNING:
+                self.desired = []  # the next tick withdraws the joiners and releases every member
+                self._move(Run.SUSPENDING)
 
     def split(self, sizes: List[int]) -> None:
         members = self.client.current_members(self.store)
@@ -169,12 +164,12 @@ class JobSupervisor:
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> Report:
-        members = self.client.current_members(self.store) if self.started else []
+        members = self.client.current_members(self.store) if self.processes else []  # none: never placed
         return Report(self.address, members, [self.processes[m].node for m in members],
                       sorted(p.node for p in self.processes.values() if p.state != ProcessState.GONE),
                       self.store.progress(),
                       {n: p.exit_code for n, p in self.processes.items() if p.state == ProcessState.GONE},
-                      self.done, self.done_at, self.orphaned, self.suspended, self.error)
+                      self.run, error=self.error, **self.ending)
 
     def log(self, worker: str, offset: int = 0) -> bytes:
         if self.processes[worker].retired:  # its actor is gone: the copy on the head
@@ -268,12 +263,18 @@ class JobSupervisor:
         self.processes[name] = Process(node, actor, ProcessState.JOINING if joining else ProcessState.STARTING,
                                        joiner=joining, pid=actor.pid.remote())
 
+    def _move(self, to: Run, **ending) -> None:
+        """The run moves to `to`; where that ends it, `ending` says how (Report's fields)."""
+        self.run = move(RUN_MOVES, self.run, to, f"job {self.job_id}")
+        if to in AFTER:
+            self.ending = dict(ending, ended_at=time.time())
+
     def _supervise(self) -> None:
-        while self.done is None:
+        while self.run not in AFTER:
             time.sleep(0.2)
             with self.lock:
                 try:
-                    if self.started:
+                    if self.run != Run.PLACING:
                         self._tick()
                 except Exception:  # logged; the next tick looks again (a dead monitor would hang the job)
                     log.exception("%s: supervising failed", self.job_id)
@@ -281,7 +282,8 @@ class JobSupervisor:
     def _exited(self, name: str, code: int) -> None:
         process = self.processes[name]
         if process.exit_code is None:
-            process.state, process.exit_code = ProcessState.GONE, code
+            process.move(ProcessState.GONE)
+            process.exit_code = code
 
     def _tick(self) -> None:
         store, processes = self.store, self.processes
@@ -313,12 +315,12 @@ class JobSupervisor:
             # One of the first processes failed before the job's first step: the others would wait for it in the
             # first group until its timeout, and the same script on slots of the same kind fails the same way.
             self._end_processes()
-            self.done, self.done_at = failed, time.time()
+            self._move(Run.FAILED, exit_code=failed)
             return
         members = self.client.current_members(store)
         for m in members:
             if processes[m].state in (ProcessState.STARTING, ProcessState.JOINING):
-                processes[m].state = ProcessState.TRAINING
+                processes[m].move(ProcessState.TRAINING)
         alive = [w for w, p in processes.items() if p.state != ProcessState.GONE]
         if all(processes[m].state == ProcessState.GONE for m in members):
             self._end(members)
@@ -339,7 +341,8 @@ class JobSupervisor:
             for w in mine[max(wanted[node] - holding[node], 0):]:
                 store.mark_lost(w, "withdrawn")  # never admitted, even if it said it is ready
                 processes[w].actor.terminate.remote()
-                processes[w].state, processes[w].withdrawn = ProcessState.LEAVING, True
+                processes[w].move(ProcessState.LEAVING)
+                processes[w].withdrawn = True
                 pending.remove(w)
                 withdrawn = True
         holding.update(processes[w].node for w in pending)
@@ -357,27 +360,27 @@ class JobSupervisor:
             leaving = [m for m in reversed(members) if processes[m].node == node
                        and processes[m].state == ProcessState.TRAINING]
             for m in leaving[:count]:
-                processes[m].state = ProcessState.LEAVING
+                processes[m].move(ProcessState.LEAVING)
                 store.release(m)
 
     def _end(self, members: List[str]) -> None:
-        """Every member has exited: the job is done, finished or not (suspended, orphaned, failed)."""
+        """Every member has exited: the run ends, finished or not (suspended, orphaned, failed)."""
         processes = self.processes
         codes = [processes[m].exit_code for m in members] or [0]
         self._end_processes()  # joiners nobody will admit (one may wait for a slot that never comes: no call)
         stopped = self.store.stopped()  # the step at which every process left (suspend(), SIGTERM), saved
-        finished = 0 in codes and stopped is None  # a member that ends unasked ended the job's training
         killed = (-signal.SIGKILL, -signal.SIGTERM)  # from outside: an OOM kill, a drain before the script set its
         # handler; a script's own error exits otherwise
-        if not finished and members and all(processes[m].with_node for m in members):
-            self.orphaned = "its processes went with their nodes"
-        elif not finished and members and all(processes[m].with_node or processes[m].exit_code in killed
-                                              for m in members):
-            self.orphaned = "its processes were killed"
-        if stopped is not None and all(c == 0 for c in codes):
-            self.suspended = stopped  # not finished: it resumes from there
-        self.done_at = time.time()
-        self.done = 0 if finished else next((c for c in codes if c != 0), 0)
+        if 0 in codes and stopped is None:  # a member that ends unasked ended the job's training
+            self._move(Run.FINISHED, exit_code=0)
+        elif stopped is not None and all(c == 0 for c in codes):  # not finished: it resumes from there
+            self._move(Run.SUSPENDED, step=stopped)
+        elif all(processes[m].with_node for m in members):
+            self._move(Run.ORPHANED, why="its processes went with their nodes")
+        elif all(processes[m].with_node or processes[m].exit_code in killed for m in members):
+            self._move(Run.ORPHANED, why="its processes were killed")
+        else:
+            self._move(Run.FAILED, exit_code=next(c for c in codes if c != 0))
 
 
 def last_line(path: str) -> str:

@@ -102,7 +102,7 @@ def test_concurrent_submissions_share_no_slot_and_keep_their_bits(cluster, sched
         if all(j["state"] in ("finished", "failed") for j in jobs):
             break
         assert time.monotonic() < deadline, [(j["id"], j["state"], j["live"] and {k: j["live"][k] for k in (
-            "members", "exited", "done", "progress")}) for j in jobs]
+            "members", "exited", "run", "progress")}) for j in jobs]
         time.sleep(0.2)
     assert [j["state"] for j in jobs] == ["finished"] * 3, jobs
     for i, (n, _) in enumerate(specs):

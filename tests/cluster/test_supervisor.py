@@ -9,6 +9,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from easyscale_ext.cluster import NAMESPACE, SLOT
+from easyscale_ext.cluster.lifecycle import Run
 from easyscale_ext.cluster.reserve import ReservedSlot
 from easyscale_ext.cluster.supervisor import JobSupervisor
 from easyscale_ext.cluster.worker import SlotWorker, fork_server_name
@@ -49,10 +50,10 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     host, _, port = status().address.rpartition(":")
     assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
-    wait(lambda: sorted(status().nodes) == sorted([a, b]) or status().done is not None, "growth")
+    wait(lambda: sorted(status().nodes) == sorted([a, b]) or status().ended, "growth")
     ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
-    wait(lambda: status().done is not None, "the end")
-    assert status().done == 0
+    wait(lambda: status().ended, "the end")
+    assert status().run == Run.FINISHED
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
     assert out.read_text() == reference(**JOB_ARGS)
@@ -70,11 +71,11 @@ def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing
                                      virtual_workers=2)
     try:
         ray.get(supervisor.place.remote([b, b]))
-        wait(lambda: status().nodes == [b, b] or status().done is not None, "the move")
+        wait(lambda: status().nodes == [b, b] or status().ended, "the move")
         assert status().nodes == [b, b], status()
         moved.touch()
-        wait(lambda: status().done is not None, "the end")
-        assert status().done == 0
+        wait(lambda: status().ended, "the end")
+        assert status().run == Run.FINISHED
     finally:  # its processes are detached actors: a failure must not leave them holding the slots
         ray.get(supervisor.cancel.remote())
         ray.kill(supervisor)
@@ -89,8 +90,8 @@ def test_a_slot_on_a_node_that_is_gone_is_given_up_and_the_job_ends_bitwise(clus
     out = tmp_path / "hash"
     supervisor, status = started_job(tmp_path, "job-gone", [a], 0.2)
     ray.get(supervisor.place.remote([a, gone]))
-    wait(lambda: status().done is not None, "the end")
-    assert status().done == 0
+    wait(lambda: status().ended, "the end")
+    assert status().run == Run.FINISHED
     assert ray.get(supervisor.names.remote()) == ["w0", "w1"]  # one try on the node that is gone
     assert out.read_text() == reference(**JOB_ARGS)
 
@@ -138,7 +139,7 @@ def test_a_job_suspended_before_its_processes_started_ends_suspended_and_never_s
     ray.get(supervisor.suspend.remote())
     ray.get(supervisor.place.remote([cluster.node_ids()[0]]))  # too late: it is done
     report = ray.get(supervisor.status.remote())
-    assert report.done == 0 and report.orphaned == "suspended before its processes started"
+    assert report.run == Run.ORPHANED and report.why == "suspended before its processes started"
     assert report.holding == [] and ray.get(supervisor.names.remote()) == []
     ray.kill(supervisor)
 
@@ -166,10 +167,10 @@ def test_a_job_is_done_only_once_every_process_it_started_has_ended(cluster, tmp
         assert status().members == ["w0"], status()  # stopped before it was ready
         server = ray.get_actor(fork_server_name(b), namespace=NAMESPACE)
         ray.get(supervisor.suspend.remote())  # w0 leaves at its next boundary; w1 is withdrawn, then killed
-        wait(lambda: status().done is not None, "the end")
+        wait(lambda: status().ended, "the end")
         assert not running(str(pid)), "the joiner's process outlived its job's end"
         assert pid not in ray.get(server.running.remote([]), timeout=START_S)  # (RayActorError: it ended itself)
-        assert status().suspended is not None and status().holding == []
+        assert status().run == Run.SUSPENDED and status().step is not None and status().holding == []
     finally:
         for p in stopped:
             try:
