@@ -13,8 +13,13 @@ MLP (5 x Linear(2048, 2048), batch 16 a micro-batch) and a 48 M-parameter
 transformer (5 layers of width 768, 2 x 32 tokens a micro-batch), N = kP on P
 processes (gloo, 1 intra-op thread each; `--per-process` k, default 1, torch
 DDP then accumulating k micro-batches under no_sync(); `--node-size` for
-EasyScaleDDP's two levels), EasyScaleDDP against torch DDP,
-alternating runs of --steps steps over --repeats rounds; medians. With each
+EasyScaleDDP's two levels, several sizes one contender each), EasyScaleDDP
+against torch DDP, alternating runs of --steps steps over --repeats rounds;
+medians. `--hosts H`: the P processes on H hosts emulated in network
+namespaces (tests/support/hosts.py; needs root), P / H each, in rank order,
+their gloo traffic over each host's own link (within a host, its loopback),
+every link held to `--link-mbit` megabits a second each way (0: unshaped):
+what two levels save is the bytes that cross those links. With each
 step's breakdown as both report it (`_get_ddp_logging_data()`, every step
 sampled): forward, backward compute, the exchange (first collective started
 to last finished), its overlap with backward, and the tail after both (DDP
@@ -26,6 +31,7 @@ param.grad.
     .venv/bin/python bench/bench_ddp.py [--quick] [--ks 2,4,8,64] [--json PATH]
     .venv/bin/python bench/bench_ddp.py --wide [--procs 2,3,4,8] [--per-process 1,4] [--models mlp,transformer]
                                         [--repeats 3] [--node-size G]
+    .venv/bin/python bench/bench_ddp.py --wide --models mlp --procs 8 --node-size 0,2 --hosts 4 --link-mbit 1000
 """
 import argparse
 import contextlib
@@ -155,9 +161,29 @@ def spawn(args, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spawn_pair(kind, steps, model_name, procs=2, k=1, node_size=0):
-    """Every rank's result (child_pair's)."""
-    return run_ranks(__file__, procs, lambda r, init: ["pair", kind, r, init, steps, model_name, procs, k, node_size])
+def spawn_pair(kind, steps, model_name, procs=2, k=1, node_size=0, hosts=None):
+    """Every rank's result (child_pair's); on `hosts` (emulated), procs / len(hosts) a host in rank order."""
+    spec = lambda r, init: ["pair", kind, r, init, steps, model_name, procs, k, node_size]  # noqa: E731
+    if hosts is None:
+        return run_ranks(__file__, procs, spec)
+    names = list(hosts.namespace)
+    return run_ranks(__file__, procs, spec, lambda r, argv: hosts.argv(names[r * len(names) // procs], argv),
+                     {"GLOO_SOCKET_IFNAME": "eth0"})  # each host's own interface (its address; its loopback within)
+
+
+def emulated_hosts(count: int, mbit: float):
+    """`count` hosts in network namespaces, each link held to `mbit` (0: as fast as the machine forwards)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from support.hosts import Hosts, unavailable
+
+    why = unavailable()
+    if why:
+        raise SystemExit(f"--hosts: {why}")
+    hosts = Hosts([f"h{i}" for i in range(count)])
+    for host in hosts.namespace:
+        if mbit:
+            hosts.shape(host, mbit)
+    return hosts
 
 
 def main():
@@ -170,7 +196,10 @@ def main():
     ap.add_argument("--procs", default="2,3,4,8", help="--wide: process counts")
     ap.add_argument("--per-process", default="1", help="--wide: virtual workers a process, k (N = kP; torch DDP "
                     "accumulates k micro-batches)")
-    ap.add_argument("--node-size", type=int, default=0, help="--wide: EasyScaleDDP's node_size (0: one level)")
+    ap.add_argument("--node-size", default="0", help="--wide: EasyScaleDDP's node_size (0: one level); several, "
+                    "comma-separated, are one contender each")
+    ap.add_argument("--hosts", type=int, default=0, help="--wide: emulated hosts the processes are spread over")
+    ap.add_argument("--link-mbit", type=float, default=0, help="--hosts: each host's link, megabits a second")
     ap.add_argument("--models", default=",".join(WIDE_MODELS), help="--wide: of " + ", ".join(WIDE_MODELS))
     ap.add_argument("--repeats", type=int, default=3, help="--wide: rounds (each runs both contenders)")
     ap.add_argument("--steps", type=int, default=8, help="--wide: timed steps a run, after 2 warm-ups")
@@ -185,8 +214,17 @@ def main():
             os._exit(0)
         return
     if args.wide:
-        return wide(args.models.split(","), [int(p) for p in args.procs.split(",")],
-                    [int(k) for k in args.per_process.split(",")], args.node_size, args.repeats, args.steps, args.json)
+        procs = [int(p) for p in args.procs.split(",")]
+        if args.hosts and any(p % args.hosts for p in procs):
+            raise SystemExit(f"--hosts {args.hosts}: every --procs must be a multiple of it, got {args.procs}")
+        hosts = emulated_hosts(args.hosts, args.link_mbit) if args.hosts else None
+        try:
+            return wide(args.models.split(","), procs, [int(k) for k in args.per_process.split(",")],
+                        [int(g) for g in args.node_size.split(",")], args.repeats, args.steps, args.json, hosts,
+                        args.link_mbit)
+        finally:
+            if hosts is not None:
+                hosts.close()
     from easyscale_ext import determinism
 
     steps = 5 if args.quick else 15
@@ -225,37 +263,44 @@ def main():
             json.dump(results, f, indent=1)
 
 
-def wide(models, procs, ks, node_size, repeats, steps, json_path) -> None:
-    """Each model at each P and k: EasyScaleDDP (N = kP) and torch DDP (k micro-batches a step, no_sync() but on the
-    last) in alternating runs, `repeats` rounds; a run's figure is its slowest rank's median step, and that rank's
-    breakdown as each reports it (torch DDP's covers its synced micro-batch only)."""
+def wide(models, procs, ks, node_sizes, repeats, steps, json_path, hosts=None, link_mbit=0) -> None:
+    """Each model at each P and k: EasyScaleDDP (N = kP) at each of `node_sizes` and torch DDP (k micro-batches a
+    step, no_sync() but on the last) in runs taking turns, `repeats` rounds; a run's figure is its slowest rank's
+    median step, and that rank's breakdown as each reports it (torch DDP's covers its synced micro-batch only)."""
     results = []
-    print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, N = kP (torch DDP: k micro-batches a step, "
-          f"accumulated under no_sync()){f', nodes of {node_size} processes' if node_size else ''}; medians over "
-          f"{repeats} rounds of runs of {steps} steps (after 2 warm-ups); a run's figure is its slowest rank's, in ms; "
-          "the ratio is the median of each round's, with the lowest and highest\n")
-    print("| model | P | k | EasyScaleDDP | torch DDP | ratio [min, max] | "
+    links = f"links of {link_mbit:g} Mb/s" if link_mbit else "unshaped links"
+    where = f"{len(hosts.namespace)} emulated hosts, {links}" if hosts else "one machine"
+    print(f"torch {torch.__version__}, gloo, 1 intra-op thread a process, {where}, N = kP (torch DDP: k micro-batches "
+          f"a step, accumulated under no_sync()); medians over {repeats} rounds of runs of {steps} steps (after 2 "
+          "warm-ups); a run's figure is its slowest rank's, in ms; the ratio is the median of each round's, with the "
+          "lowest and highest\n")
+    print("| model | P | k | node size | EasyScaleDDP | torch DDP | ratio [min, max] | "
           + " | ".join(f"{k} (ES / DDP)" for k in BREAKDOWN) + " | reducer: " + ", ".join(REDUCER_PARTS) + " |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(BREAKDOWN) + 1))
+    contenders = ["ddp", *node_sizes]  # torch DDP, then EasyScaleDDP at each node size
     for model_name in models:
         for p in procs:
             for k in ks:
-                runs = {"easyscale": [], "ddp": []}
+                runs = {c: [] for c in contenders}
                 for r in range(repeats):
-                    for kind in (("easyscale", "ddp") if r % 2 == 0 else ("ddp", "easyscale")):
-                        ranks = spawn_pair(kind, steps, model_name, p, k, node_size)
-                        runs[kind].append(max(ranks, key=lambda x: x["step"]))
-                med = {kind: {key: statistics.median(run[key] for run in rs) for key in rs[0]}
-                       for kind, rs in runs.items()}
-                es_, ddp_ = med["easyscale"], med["ddp"]
-                # each round's two runs are neighbours in time: their ratio is freer of the machine's drift
-                ratios = sorted(e["step"] / d["step"] for e, d in zip(runs["easyscale"], runs["ddp"]))
-                results.append(dict(model=model_name, procs=p, k=k, node_size=node_size, runs=runs, medians=med,
-                                    ratios=ratios))
-                print(f"| {model_name} | {p} | {k} | {es_['step']:.1f} | {ddp_['step']:.1f} | "
-                      f"{statistics.median(ratios):.3f}x [{ratios[0]:.2f}, {ratios[-1]:.2f}] | "
-                      + " | ".join(f"{es_[key]:.1f} / {ddp_[key]:.1f}" for key in BREAKDOWN) + " | "
-                      + ", ".join(f"{es_[key]:.1f}" for key in REDUCER_PARTS) + " |", flush=True)
+                    for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:  # turns rotate
+                        ranks = spawn_pair("ddp" if c == "ddp" else "easyscale", steps, model_name, p, k,
+                                           0 if c == "ddp" else c, hosts)
+                        runs[c].append(max(ranks, key=lambda x: x["step"]))
+                med = {c: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for c, rs in runs.items()}
+                ddp_ = med["ddp"]
+                for g in node_sizes:
+                    es_ = med[g]
+                    # a round's runs are neighbours in time: their ratio is freer of the machine's drift
+                    ratios = sorted(e["step"] / d["step"] for e, d in zip(runs[g], runs["ddp"]))
+                    results.append(dict(model=model_name, procs=p, k=k, node_size=g,
+                                        hosts=len(hosts.namespace) if hosts else 0, link_mbit=link_mbit,
+                                        runs={"easyscale": runs[g], "ddp": runs["ddp"]},
+                                        medians={"easyscale": es_, "ddp": ddp_}, ratios=ratios))
+                    print(f"| {model_name} | {p} | {k} | {g or '-'} | {es_['step']:.1f} | {ddp_['step']:.1f} | "
+                          f"{statistics.median(ratios):.3f}x [{ratios[0]:.2f}, {ratios[-1]:.2f}] | "
+                          + " | ".join(f"{es_[key]:.1f} / {ddp_[key]:.1f}" for key in BREAKDOWN) + " | "
+                          + ", ".join(f"{es_[key]:.1f}" for key in REDUCER_PARTS) + " |", flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)

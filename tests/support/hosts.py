@@ -113,6 +113,15 @@ class Hosts:
         pids = _namespace_pids(self.namespace[host])
         return [pid for pid in pids if _host_of(pid) == host] if self.loopback else pids
 
+    def shape(self, host: str, mbit: float) -> None:
+        """`host`'s link carries at most `mbit` megabits a second each way, as a NIC's line rate does: a token bucket
+        (tc's tbf, 10 ms of the rate deep) where the host sends and where the bridge sends to it."""
+        self._link(host)
+        for where, device in ((["-n", self.namespace[host]], "eth0"), ([], self.link[host])):
+            subprocess.run(["tc", *where, "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit",
+                            "burst", str(max(int(mbit * 1e6 / 8 / 100), 65536)), "latency", "100ms"],
+                           check=True, capture_output=True)
+
     # -- faults -----------------------------------------------------------------------------------------------
     def cut(self, host: str) -> None:
         """`host`'s link goes down: what it sends and what is sent to it is lost, and nobody is told."""
