@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -180,6 +181,7 @@ def emulated_hosts(count: int, mbit: float):
     if why:
         raise SystemExit(f"--hosts: {why}")
     hosts = Hosts([f"h{i}" for i in range(count)])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the hosts (wide's finally)
     for host in hosts.namespace:
         if mbit:
             hosts.shape(host, mbit)

@@ -351,9 +351,16 @@ class CanonicalReducer:
             self._start_exchange(len(self._exchanges))
         used = self._used_by_any_worker(group) if self.find_unused else [[True] * len(b.params) for b in self.buckets]
         exchanges, self._exchanges, self._group = self._exchanges, [], None  # the group is held weakly (ddp.py)
+        across: Dict[int, Tuple[List[List[torch.Tensor]], _Pending]] = {}  # two levels: parts, phase across nodes
         gathers = [None if self.procs == 1 else self._complete(group, i, exchanges[i], used[i],
-                                                               gradient_as_bucket_view)
+                                                               gradient_as_bucket_view, across)
                    for i in range(len(self.buckets))]
+        # Two levels: every bucket's phases across nodes are in flight before any is waited for, so that a node's
+        # link is not idle while a bucket's top is added or the next bucket's phase inside the node completes.
+        back = {i: self._top_across(group, i, parts, pending) for i, (parts, pending) in across.items()}
+        for i, pending in back.items():
+            pending.wait()
+            gathers[i] = self._gather_inside(group, i, across[i][0])
         for i in range(len(self.buckets)):
             if gathers[i] is not None:
                 gathers[i].wait()
@@ -375,12 +382,13 @@ class CanonicalReducer:
             else:
                 p.grad = g.to(p.dtype, copy=True)
 
-    def _complete(self, group, i: int, exchange: "_Pending", used: List[bool],
-                  gradient_as_bucket_view: bool) -> Optional["_Pending"]:
+    def _complete(self, group, i: int, exchange: "_Pending", used: List[bool], gradient_as_bucket_view: bool,
+                  across: Dict[int, Tuple[List[List[torch.Tensor]], "_Pending"]]) -> Optional["_Pending"]:
         """Wait for bucket i's exchange, finish the tree for this process's chunk, and start sending that chunk
         to every other process (and receiving theirs); returns the gather's handle (None where the result is
-        there already: one addition, or `whole`). The chunked result lands in each parameter's .grad where it can
-        (`direct`), else in self.reduced[i]."""
+        there already: one addition, or `whole`; or, on two levels, not yet: the phase across nodes started
+        goes to `across`). The chunked result lands in each parameter's .grad where it can (`direct`), else in
+        self.reduced[i]."""
         exchange.wait()
         if self.one_addition:
             return None  # the root slot holds r0 + r1
@@ -389,7 +397,8 @@ class CanonicalReducer:
             return None
         parts = self._destinations(i, used, gradient_as_bucket_view)
         if self.node_size:
-            return self._complete_nodes(group, i, parts)
+            across[i] = parts, self._start_across(group, i)
+            return None
         own = self._raw.pop(i) if self.raw[i] else None  # this process's gradients (out may be one of them)
         for (k, a, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
             if own is None:
@@ -413,12 +422,10 @@ class CanonicalReducer:
             into.append(g.view(-1) if direct[k] else view.view(-1))
         return [[into[k][a:a + n] for k, a, n, _ in chunk] for chunk in self.pieces[i]]
 
-    def _complete_nodes(self, group, i: int, parts: List[List[torch.Tensor]]) -> "_Pending":
-        """Bucket i on two levels, after the phase inside the node: the node's roots of this process's lane, their
-        chunks exchanged across nodes, the top of this process's chunk, the chunks gathered across nodes and then
-        inside the node (the handle returned)."""
-        g, nodes, j, lane_of = self.node_size, self.nodes, self.node, self.local
-        c, bucket = self.part[i], self.buckets[i]
+    def _start_across(self, group, i: int) -> "_Pending":
+        """Bucket i on two levels, after the phase inside the node: fold the node's roots of this process's lane
+        and start exchanging their chunks with this lane's process on every other node."""
+        nodes, j, c, bucket = self.nodes, self.node, self.part[i], self.buckets[i]
         if i not in self._across:  # the node's roots (this lane), and what the top adds, node by node (kept)
             roots = [torch.empty(c * nodes, dtype=bucket.acc_dtype, device=bucket.device) for _ in self.node_results]
             adds = [x for node, count in enumerate(self.roots_per_node) for x in (
@@ -428,21 +435,34 @@ class CanonicalReducer:
         roots, adds = self._across[i]
         for out, slot in zip(roots, self.node_results):
             fold_plan_(out, self._pushed[i], self.node_plan, slot)
-        peers = {node: node * g + lane_of for node in range(nodes) if node != j}
-        starts = [sum(self.roots_per_node[:node]) for node in range(nodes)]
-        self._point_to_point(group, {q: [r[node * c:(node + 1) * c] for r in roots] for node, q in peers.items()},
-                             {q: adds[starts[node]:starts[node] + self.roots_per_node[node]]
-                              for node, q in peers.items()}, tag=4 * i + 1).wait()
-        mine = lane_of * nodes + j
+        peers, starts = self._across_peers(), [sum(self.roots_per_node[:node]) for node in range(nodes)]
+        return self._point_to_point(group, {q: [r[node * c:(node + 1) * c] for r in roots] for node, q in peers},
+                                    {q: adds[starts[node]:starts[node] + self.roots_per_node[node]]
+                                     for node, q in peers}, tag=4 * i + 1)
+
+    def _top_across(self, group, i: int, parts: List[List[torch.Tensor]], pending: "_Pending") -> "_Pending":
+        """Once bucket i's roots of every node have come: the top of this process's chunk, then start sending it
+        to this lane's process on every other node (and receiving theirs)."""
+        pending.wait()
+        mine = self.local * self.nodes + self.node
         for (k, a, n, at), out in zip(self.pieces[i][mine], parts[mine]):
-            fold_plan_(out, [x[at:at + n] for x in adds], self.across_plan, self.across_result)
-        self._point_to_point(group, {q: parts[mine] for q in peers.values()},
-                             {q: parts[lane_of * nodes + node] for node, q in peers.items()}, tag=4 * i + 2).wait()
+            fold_plan_(out, [x[at:at + n] for x in self._across[i][1]], self.across_plan, self.across_result)
+        peers = self._across_peers()
+        return self._point_to_point(group, {q: parts[mine] for _, q in peers},
+                                    {q: parts[self.local * self.nodes + node] for node, q in peers}, tag=4 * i + 2)
+
+    def _across_peers(self) -> List[Tuple[int, int]]:
+        """(node, rank) of this lane's process on every other node."""
+        return [(node, node * self.node_size + self.local) for node in range(self.nodes) if node != self.node]
+
+    def _gather_inside(self, group, i: int, parts: List[List[torch.Tensor]]) -> "_Pending":
+        """Bucket i's lanes, each finished across nodes, go to every process of the node (the handle returned)."""
+        g, nodes, j = self.node_size, self.nodes, self.node
 
         def lane(local: int) -> List[torch.Tensor]:
             return [t for node in range(nodes) for t in parts[local * nodes + node]]
-        others = {j * g + local: local for local in range(g) if local != lane_of}
-        return self._point_to_point(group, {q: lane(lane_of) for q in others},
+        others = {j * g + local: local for local in range(g) if local != self.local}
+        return self._point_to_point(group, {q: lane(self.local) for q in others},
                                     {q: lane(local) for q, local in others.items()}, tag=4 * i + 3)
 
 
