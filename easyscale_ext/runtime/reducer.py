@@ -30,7 +30,9 @@ order, one dtype each. During the step's last local worker's backward, a bucket
 whose gradients are all ready is folded at once and its exchange starts
 (asynchronously), strictly in bucket order so that every process issues the
 same operations in the same order; `finish` starts the rest, then completes
-them. Splitting the gradients into buckets changes no element's association.
+them (on two levels, every bucket's phase across nodes in flight before any
+is waited for). Splitting the gradients into buckets changes no element's
+association.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
