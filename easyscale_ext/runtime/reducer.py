@@ -30,9 +30,10 @@ order, one dtype each. During the step's last local worker's backward, a bucket
 whose gradients are all ready is folded at once and its exchange starts
 (asynchronously), strictly in bucket order so that every process issues the
 same operations in the same order; `finish` starts the rest, then completes
-them (on two levels, every bucket's phase across nodes in flight before any
-is waited for). Splitting the gradients into buckets changes no element's
-association.
+them. On two levels a bucket's phase across nodes starts during backward too,
+as the next bucket is ready (its phase inside the node waited for there), so
+that the node's link carries it while backward computes the rest. Splitting
+the gradients into buckets changes no element's association.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -179,6 +180,7 @@ class CanonicalReducer:
         # every bucket is folded first (one leaf's fold is its scaled gradient), so that a node's roots are slots
         self.raw = [False] * len(self.buckets)
         self._across: Dict[int, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}  # per bucket: roots, top's in
+        self._across_started: Dict[int, _Pending] = {}  # phases across nodes started during backward, by bucket
 
     @property
     def exchanging(self) -> bool:
@@ -234,6 +236,18 @@ class CanonicalReducer:
             # (ddp.on_step_contexts): no process can then complete a step some process has not replicated.
             while len(self._exchanges) < len(self.buckets) - 1 and self._folded[len(self._exchanges)]:
                 self._start_exchange(len(self._exchanges))
+            if self.node_size:
+                self._start_across_before(i)
+
+    def _start_across_before(self, i: int) -> None:
+        """Two levels, during backward, as bucket i is ready: the phase across nodes of each bucket before it,
+        whose phase inside the node has had a bucket's backward to finish (waited for: gloo's point-to-point work
+        says it is complete only then), so that the node's link carries them while backward computes the rest."""
+        for j in range(min(i, len(self._exchanges))):
+            if j not in self._across_started and not self.whole[j]:
+                self._exchanges[j].wait()
+                self._exchanges[j] = _Pending([])  # waited: a gloo receive waited for again waits for another
+                self._across_started[j] = self._start_across(self._group, j)
 
     def fold_worker(self, local_index: int, names: Dict[int, str]) -> None:
         """Fold the gradients now in param.grad as leaf `local_index` of this process (the buckets its
@@ -399,7 +413,8 @@ class CanonicalReducer:
             return None
         parts = self._destinations(i, used, gradient_as_bucket_view)
         if self.node_size:
-            across[i] = parts, self._start_across(group, i)
+            started = self._across_started.pop(i, None)
+            across[i] = parts, started if started is not None else self._start_across(group, i)
             return None
         own = self._raw.pop(i) if self.raw[i] else None  # this process's gradients (out may be one of them)
         for (k, a, n, at), out in zip(self.pieces[i][self.rank], parts[self.rank]):
