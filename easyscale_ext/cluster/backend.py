@@ -39,16 +39,13 @@ log = logging.getLogger(__name__)
 ROUNDS_KEPT = 10_000  # the latest rounds' durations (round_seconds): a week of minute rounds, at most 80 kB
 
 
-def slot_nodes() -> Dict[str, int]:
-    """Slots per alive node that offers them, by node id."""
-    return {n["NodeID"]: int(n["Resources"][SLOT]) for n in ray.nodes()
-            if n["Alive"] and n["Resources"].get(SLOT)}
-
-
-def slot_types(default: str) -> Dict[str, str]:
-    """The type of each alive node's slots, by node id: the T of its `easyscale_slot_T` resource, else `default`."""
-    return {n["NodeID"]: next((r[len(TYPED):] for r in n["Resources"] if r.startswith(TYPED)), default)
-            for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT)}
+def slot_nodes(default: str) -> Tuple[Dict[str, int], Dict[str, str]]:
+    """Of each alive node that offers slots, by node id, from one look at Ray's node table: its slots, and their
+    type (the T of its `easyscale_slot_T` resource, else `default`)."""
+    offering = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT)]
+    return ({n["NodeID"]: int(n["Resources"][SLOT]) for n in offering},
+            {n["NodeID"]: next((r[len(TYPED):] for r in n["Resources"] if r.startswith(TYPED)), default)
+             for n in offering})
 
 
 def policy_view(capacity: Dict[str, int], types: Dict[str, str]) -> Tuple[List[str], Cluster]:
@@ -87,7 +84,7 @@ class RayCluster:
         """`policy`: the round's (its decisions are held to the jobs' limits there). Takes back the jobs a scheduler
         before it left holding slots."""
         self.table, self.policy, self.apps, self.slot_type, self.round_s = table, policy, apps, slot_type, round_s
-        self.types = slot_types(slot_type)  # node id -> its slots' type, as last seen
+        self.types = slot_nodes(slot_type)[1]  # node id -> its slots' type, as last seen
         self.jobs: Dict[str, Tracked] = {}  # live job id -> its record
         self.fits = {}  # the throughput fits its job models share (AppJob._fit)
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
@@ -136,7 +133,7 @@ class RayCluster:
 
     def nodes(self) -> List[dict]:
         """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs."""
-        slots, types = slot_nodes(), slot_types(self.slot_type)
+        slots, types = slot_nodes(self.slot_type)
         reserved = Counter(n for _, n in self.table.reservations())
         held = Counter(n for j in self.table.list(HOLDING) for n in j["nodes"])
         return [{"node": n, "type": types[n], "slots": s, "reserved": reserved[n], "held": held[n]}
@@ -236,8 +233,8 @@ class RayCluster:
         their models, on the nodes' free slots, and the cuts that slots gone or reserved force; first the
         supervisors' news and the nodes' changes."""
         self._placed()
-        slots = slot_nodes()
-        self.types.update(slot_types(self.slot_type))  # a node gone keeps its type: jobs' models may still name it
+        slots, types = slot_nodes(self.slot_type)
+        self.types.update(types)  # a node gone keeps its type: jobs' models may still name it
         for slot_id, node in self.table.reservations():
             if node not in slots:  # went with its node
                 self.drop_reservation(slot_id)
@@ -380,7 +377,7 @@ class RayCluster:
                 pass
         for name in [f"job/{job_id}"] + mine:  # the next supervisor and its slots' actors take these names again
             wait_until_gone(name)
-        end_job(job_id, slot_nodes())  # a process whose actor's end is still on its way: ended now
+        end_job(job_id, slot_nodes(self.slot_type)[0])  # a process whose actor's end is still on its way: ended now
         note = "its supervisor was lost: it resumes from its newest checkpoint"
         self.table.move(job_id, JobState.SUSPENDED, nodes=[], note=note)
         if job_id in self.jobs:

@@ -18,7 +18,7 @@ from ..sched.models.traces import data_dir
 from ..sched.policies import POLICIES
 from ..sched.policies.base import Policy
 from . import NAMESPACE, SLOT, TYPED, live, reserve
-from .backend import RayCluster, slot_nodes, slot_types
+from .backend import RayCluster, slot_nodes
 from .jobtable import JobTable, no_such_job
 from .lifecycle import HOLDING, LIVE, JobState
 
@@ -46,10 +46,11 @@ class Scheduler:
             raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
         if slot_type not in GPU_TYPES:
             raise ValueError(f"unknown slot type {slot_type!r}: the profiles know {', '.join(GPU_TYPES)}")
-        if not slot_nodes():
+        slots, types = slot_nodes(slot_type)
+        if not slots:
             raise ValueError(f"no node of this Ray cluster offers the {SLOT!r} resource: start nodes with "
                              f"--resources '{{\"{SLOT}\": K}}' (easyscale cluster start does)")
-        unknown = sorted(set(slot_types(slot_type).values()) - set(GPU_TYPES))
+        unknown = sorted(set(types.values()) - set(GPU_TYPES))
         if unknown:
             raise ValueError(f"nodes declare slots of unknown types {unknown} ({TYPED}T resources): the profiles "
                              f"know {', '.join(GPU_TYPES)}")
@@ -91,7 +92,7 @@ class Scheduler:
                              f"--application APP (one of {', '.join(sorted(EPOCHS))})")
         else:
             app = None
-        slots, types = slot_nodes(), slot_types(self.slot_type)
+        slots, types = slot_nodes(self.slot_type)
         by_type = Counter()
         for n, count in slots.items():
             by_type[types[n]] += count
@@ -136,7 +137,7 @@ class Scheduler:
         with self.cluster.lock:
             running = {j["id"]: j for j in self.table.list((JobState.RUNNING,))}  # a suspending job is leaving
             holdings = {i: self.cluster.reserved_cuts.get(i, j["nodes"]) for i, j in running.items()}
-            taken, cut = reserve.take(count, node, self.cluster.capacity(slot_nodes()), holdings,
+            taken, cut = reserve.take(count, node, self.cluster.capacity(slot_nodes(self.slot_type)[0]), holdings,
                                       {i: j["min_procs"] for i, j in running.items()}, suspend=self.preempt)
             self.cluster.reserve_from(cut)  # the jobs leave them in the round this starts
             for n in taken:
@@ -194,7 +195,7 @@ class Scheduler:
         """The run so far, as `easyscale simulate` reports a simulated one (a sched.simulator.Result)."""
         from .report import run_result
 
-        slots, types = slot_nodes(), slot_types(self.slot_type)
+        slots, types = slot_nodes(self.slot_type)
         return run_result(self.table.list(), self.table.allocations(), self.policy_name,
                           ", ".join(f"{sum(slots[n] for n in slots if types[n] == t)} slots ({t})"
                                     for t in sorted(set(types.values()))), self.round_s)
