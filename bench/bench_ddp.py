@@ -182,9 +182,8 @@ def emulated_hosts(count: int, mbit: float):
         raise SystemExit(f"--hosts: {why}")
     hosts = Hosts([f"h{i}" for i in range(count)])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the hosts (wide's finally)
-    for host in hosts.namespace:
-        if mbit:
-            hosts.shape(host, mbit)
+    for host in hosts.namespace if mbit else ():
+        hosts.shape(host, mbit)
     return hosts
 
 
