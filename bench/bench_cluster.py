@@ -192,6 +192,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
     from easyscale_ext.sched.models.cluster import Cluster
     from easyscale_ext.sched.models.traces import data_dir
     from easyscale_ext.sched.policies import POLICIES as MADE
+    from easyscale_ext.cluster.supervisor import TICK_S
     from easyscale_ext.sched.costs import RuntimeCosts
     from easyscale_ext.sched.simulator import SimConfig, simulate
 
@@ -210,7 +211,7 @@ def simulate_run(policy, result, steps, scale, round_s, costs, jitter=0.0, seed=
                            suspend_s=costs["suspend"], parallel_starts=costs["parallel_starts"],
                            start_weight=costs["start_weight"], training_weight=costs["training_weight"],
                            rounds_at_arrivals=True, arrival_lag_s=costs["lag"],
-                           completion_poll_s=1.0,  # the scheduler looks for ended jobs each second
+                           completion_poll_s=TICK_S,  # a job's end reaches the scheduler by the supervisor's look
                            reported_steps=steps)  # it learns a job runs, and its share done, from step reports
     return simulate(sorted(specs, key=lambda s: (s.arrival, s.name)), MADE[policy](0), cluster, apps, config,
                     costs=runtime)

@@ -21,7 +21,7 @@ from .errors import UsageError
 
 
 SHOWN_ENDED = 10  # jobs that ended shown by `status` without --all
-FRESH_S = 3.0  # `status` reads the job table if the scheduler described the cluster there within this many seconds
+FRESH_S = 3.0  # `status` reads the job table if the scheduler's next description there is at most this late
 
 
 def add_parsers(sub) -> None:
@@ -188,7 +188,7 @@ def submit(args) -> int:
 
 def _from_table(saved: dict, job_id, ended):
     """(nodes, jobs) as `status` shows them, read from the scheduler's job table if the scheduler runs on this
-    machine and described the cluster there lately (within FRESH_S); else None (ask it through Ray, which also
+    machine and is not late (by FRESH_S) to describe the cluster there again; else None (ask it through Ray, which also
     says what is wrong when it does not run)."""
     from ..cluster.jobtable import JobTable, no_such_job
 
@@ -199,7 +199,8 @@ def _from_table(saved: dict, job_id, ended):
         table = JobTable(path, read_only=True)
         described = table.described()
         if described is None or described["host"] != socket.gethostname() or \
-                not os.path.exists(f"/proc/{described['pid']}") or time.time() - described["time"] > FRESH_S:
+                not os.path.exists(f"/proc/{described['pid']}") or \
+                time.time() - described["time"] > (described["next_s"] or 0.0) + FRESH_S:
             return None
         jobs = table.shown(job_id, ended)
     except sqlite3.Error:  # a table of an older scheduler: ask it

@@ -1,7 +1,11 @@
 """The cluster's backend of the scheduling loop (sched/rounds.py): real time, the jobs' own measurements, and the
 decisions carried out on Ray through the jobs' supervisors.
 
-A round: the supervisors say which jobs ended and how far the others are; each job's model (the one a simulation
+Between rounds the scheduler looks at nothing: it wakes for a round when one is due, when a verb asks (a
+submission, slots come free), or when the one call it keeps waiting on each supervisor (`until_ended`) returns, the
+job's run over, or fails, the supervisor dead. Supervisors tell it what changed as it happens
+(supervisor.JobSupervisor._tell). A round: those calls say which jobs ended, the news how far the others are; each
+job's model (the one a simulation
 would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
 the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running
 jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again
@@ -9,7 +13,7 @@ after a suspension, gets a supervisor and starts on them; a running job whose sl
 (supervisor.place); a running job the policy stops is suspended: it saves a checkpoint at its next step boundary,
 leaves its slots and waits to resume wherever it gets slots (with `preempt=False`, `cluster start --no-preempt`, a
 running job keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes,
-whatever the timing of decisions, releases, reservations and failures. The node list is read every round: a node lost
+whatever the timing of decisions, releases, reservations and failures. The node list is read once a round: a node lost
 takes its slots out of the next decision, and its jobs, recovered in place on their other slots, keep those. Every
 change of a job's slots is a decision of the round (sched.rounds), carried out here. What a job's state may become is
 lifecycle.py's; the job table enforces it.
@@ -17,6 +21,7 @@ lifecycle.py's; the job table enforces it.
 import logging
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -63,18 +68,28 @@ class Tracked:
     ends (a restarted scheduler builds it again from the table)."""
     model: object = None  # the policy's model of it (cluster.live), from the first round that sees it
     supervisor: Optional[ray.actor.ActorHandle] = None  # while it holds slots (running, suspending)
+    token: Optional[str] = None  # what its supervisor's news carries: news from an earlier one is dropped
+    watch: Optional[ray.ObjectRef] = None  # its supervisor's until_ended(): resolved when the run ended, or it died
+    news: Optional[Report] = None  # its supervisor's last report, as pushed
     placing: Dict[ray.ObjectRef, tuple] = field(default_factory=dict)  # its supervisor's place() calls not known to
     # have succeeded yet -> (whether it was the job's first, the supervisor asked)
     followed: Optional[float] = None  # when its model last followed it
     last_step: Optional[tuple] = None  # (time, step, its members' nodes if its model's) of its last progress report
     step_s: Optional[float] = None  # seconds per step measured over its last round
-    answer: Optional[Report] = None  # its supervisor's last answer, as the job table has it
+
+    def listen(self, supervisor: ray.actor.ActorHandle, wake: threading.Event, token: Optional[str] = None) -> str:
+        """Follow `supervisor`'s news from now on, which carries `token` (default: a new one; returns it); `wake` is
+        set when its run ends or it dies."""
+        self.supervisor, self.token, self.news = supervisor, token or uuid.uuid4().hex, None
+        self.watch = supervisor.until_ended.remote()
+        self.watch.future().add_done_callback(lambda _: wake.set())
+        return self.token
 
     def leave_slots(self) -> None:
         """It holds no slot now: what its supervisor said goes; its model keeps its history (attained service,
         progress) for when it resumes."""
-        self.supervisor, self.placing, self.followed, self.last_step, self.step_s, self.answer = None, {}, None, \
-            None, None, None
+        self.supervisor, self.token, self.watch, self.news = None, None, None, None
+        self.placing, self.followed, self.last_step, self.step_s = {}, None, None, None
         if self.model is not None:
             self.model.allocate({}, 0.0)
 
@@ -88,6 +103,7 @@ class RayCluster:
         self.jobs: Dict[str, Tracked] = {}  # live job id -> its record
         self.fits = {}  # the throughput fits its job models share (AppJob._fit)
         self.node = ray.get_runtime_context().get_node_id()  # the supervisors live beside the scheduler
+        self.me = ray.get_runtime_context().current_actor  # the scheduler, whom supervisors tell what changed
         self.t0 = time.time()
         self.round_seconds = deque(maxlen=ROUNDS_KEPT)  # seconds each round took (decision and actuation)
         self.lock = threading.Lock()  # a round and a verb that changes allocations never interleave
@@ -95,6 +111,7 @@ class RayCluster:
         self.seen = {}  # the round's jobs the policy sees (id -> row)
         self.reserved_cuts: Dict[str, List[str]] = {}  # job -> the slots it keeps once those reserved are taken: the
         # next round's cuts
+        self.look: Optional[tuple] = None  # (slots, types) of the nodes offering slots, as the last round saw them
         self._take_back()
 
     def _take_back(self) -> None:
@@ -104,7 +121,8 @@ class RayCluster:
             except ValueError:  # its supervisor is gone (with the head node): it resumes from its checkpoint
                 self._orphaned(job["id"])
                 continue
-            record = self.jobs[job["id"]] = Tracked(supervisor=supervisor)
+            record = self.jobs[job["id"]] = Tracked()
+            supervisor.tell.remote(self.me, record.listen(supervisor, self.wake))
             if job["state"] == JobState.SUSPENDING:  # asked again: the dead scheduler's call may be lost with it
                 supervisor.suspend.remote()
             elif job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
@@ -131,9 +149,18 @@ class RayCluster:
             ray.kill(supervisor)
         self.end(job_id, JobState.CANCELLED, finished=time.time(), nodes=[])
 
-    def nodes(self) -> List[dict]:
-        """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs."""
-        slots, types = slot_nodes(self.slot_type)
+    def news(self, job_id: str, token: str, report: Report) -> None:
+        """What a supervisor says changed (supervisor.JobSupervisor._tell): the job table has it at once (`easyscale
+        status` shows it), and the next round reads it. Not under `lock`: a round reads each job's news once."""
+        record = self.jobs.get(job_id)
+        if record is not None and record.token == token:
+            record.news = report
+            self.table.update(job_id, live=report.to_dict())
+
+    def nodes(self, look: Optional[tuple] = None) -> List[dict]:
+        """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs; from
+        `look` ((slots, types), as slot_nodes gives them), else from Ray's node table now."""
+        slots, types = look or slot_nodes(self.slot_type)
         reserved = Counter(n for _, n in self.table.reservations())
         held = Counter(n for j in self.table.list(HOLDING) for n in j["nodes"])
         return [{"node": n, "type": types[n], "slots": s, "reserved": reserved[n], "held": held[n]}
@@ -170,10 +197,13 @@ class RayCluster:
 
     def _start(self, job: dict) -> None:
         """A supervisor for a waiting job given slots: it hosts the job's store and will start its processes."""
-        self.jobs[job["id"]].supervisor = JobSupervisor.options(
+        record = self.jobs[job["id"]]
+        supervisor = JobSupervisor.options(
             name=f"job/{job['id']}", namespace=NAMESPACE, lifetime="detached",
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False)).remote(
-            job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"])
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False))
+        token = uuid.uuid4().hex
+        record.listen(supervisor.remote(job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"],
+                                        self.me, token), self.wake, token)
         self.table.move(job["id"], JobState.RUNNING, started=time.time(), note=None)
 
     def suspend(self, job_id: str, why: str) -> None:
@@ -201,16 +231,9 @@ class RayCluster:
         return {t: placement_of([n for n, nt in zip(nodes, types) if nt == t]) for t in dict.fromkeys(types)}
 
     def next_round(self) -> float:
-        """When a round is due or asked for (a submission, slots come free); between rounds, each second, jobs that
-        ended leave, and their slots, come free, start a round at once, not a round later."""
-        while not (self.wake.wait(min(max(self.due - time.monotonic(), 0.0), 1.0)) or time.monotonic() >= self.due):
-            try:
-                with self.lock:
-                    if self._follow(time.time(), models=False):
-                        self.wake.set()
-            except Exception:  # logged, as a round's
-                log.exception("looking for jobs that ended failed")
-            self._describe()
+        """When a round is due or asked for: a verb (a submission, slots come free), or a job's end or its
+        supervisor's death (`Tracked.listen`), wakes the scheduler; nothing else does."""
+        self.wake.wait(max(self.due - time.monotonic(), 0.0))
         self.wake.clear()
         return time.time() - self.t0
 
@@ -226,14 +249,15 @@ class RayCluster:
             log.exception("scheduling round failed")
         self.round_seconds.append(time.perf_counter() - start)
         self.due = time.monotonic() + self.round_s
-        self._describe()
+        if self.look is not None:
+            self._describe(self.look)
 
     def view(self, now: float) -> View:
         """The jobs the policy sees (queued, suspended and running ones; a suspending one only once it has left), as
         their models, on the nodes' free slots, and the cuts that slots gone or reserved force; first the
         supervisors' news and the nodes' changes."""
         self._placed()
-        slots, types = slot_nodes(self.slot_type)
+        self.look = slots, types = slot_nodes(self.slot_type)  # the round's one look at the nodes
         self.types.update(types)  # a node gone keeps its type: jobs' models may still name it
         for slot_id, node in self.table.reservations():
             if node not in slots:  # went with its node
@@ -276,10 +300,10 @@ class RayCluster:
     def account(self, now: float, held: dict) -> None:
         pass  # the job table recorded every change as it was made
 
-    def _describe(self) -> None:
+    def _describe(self, look: tuple) -> None:
         try:
-            self.table.describe(self.nodes())  # `easyscale status` reads it, and when
-        except Exception:  # a node list Ray could not give: the next second tries again
+            self.table.describe(self.nodes(look), self.round_s)  # `easyscale status` reads it, and when
+        except Exception:  # logged, as a round's
             log.exception("describing the cluster failed")
 
     def _placed(self) -> None:
@@ -308,22 +332,25 @@ class RayCluster:
                     ray.kill(record.supervisor)
                     self.end(job_id, JobState.FAILED, finished=time.time(), nodes=[])
 
-    def _follow(self, now: float, models: bool = True) -> bool:
-        """Jobs that ended leave (their slots are free for the next round); with `models`, the others' models
-        follow what they measured. Returns whether a job left its slots."""
-        left = False
-        asked = {r.supervisor.status.remote(): job_id for job_id, r in self.jobs.items() if r.supervisor is not None}
-        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0.2)  # one still starting: next round
-        for ref in answered:
-            job_id, record = asked[ref], self.jobs[asked[ref]]
-            try:
-                report = ray.get(ref)
-            except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
-                self._orphaned(job_id)
-                left = True
+    def _follow(self, now: float) -> None:
+        """From the supervisors' news: jobs that ended leave (their slots are free for this round), and the others'
+        models follow what they measured."""
+        watched = {r.watch: job_id for job_id, r in self.jobs.items() if r.watch is not None}
+        resolved, _ = ray.wait(list(watched), num_returns=len(watched), timeout=0)
+        ended = {watched[ref]: ref for ref in resolved}
+        for job_id, record in list(self.jobs.items()):
+            if record.supervisor is None:
+                continue
+            report = record.news
+            if job_id in ended:  # the run's end, as until_ended() answered (its news may be on its way still)
+                try:
+                    report = ray.get(ended[job_id])
+                except ray.exceptions.RayActorError:  # the supervisor died: the job resumes from its checkpoint
+                    self._orphaned(job_id)
+                    continue
+            if report is None:  # its supervisor has said nothing yet (its processes start)
                 continue
             if report.ended:
-                left = True
                 ray.kill(record.supervisor)  # detached: it would outlive its job
                 state = AFTER[report.run]
                 if state == JobState.SUSPENDED:  # it starts again from its checkpoint
@@ -339,7 +366,7 @@ class RayCluster:
                              **({"note": report.error} if state == JobState.FAILED else {}))
                 continue
             progress, model = report.progress, record.model
-            following = model is not None and models
+            following = model is not None
             done = step_s = held = None
             if following and progress:
                 done = progress["step"] / progress["total"] if progress.get("total") else None
@@ -352,17 +379,10 @@ class RayCluster:
                 if held and last and last[2] == held and progress["step"] > last[1]:
                     step_s = record.step_s = (progress["time"] - last[0]) / (progress["step"] - last[1])
                 record.last_step = (progress["time"], progress["step"], held)
-            changed = {}  # what `status` shows of it and its model's service, in one write
-            if report != record.answer:
-                changed.update(live=report.to_dict(), step_s=record.step_s)
-                record.answer = report
             if following:
                 live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
                 record.followed = now
-                changed.update(history=live.history(model))
-            if changed:
-                self.table.update(job_id, **changed)
-        return left
+                self.table.update(job_id, step_s=record.step_s, history=live.history(model))  # status shows them
 
     def _orphaned(self, job_id: str) -> None:
         """A job holding slots whose supervisor (the host of its store) is lost: its processes, which cannot go on

@@ -1,7 +1,7 @@
 """The cluster's job table: one SQLite file in the cluster's state folder, so that a scheduler that
 restarts (`cluster stop`/`start`, or its actor crashing) finds its jobs, their allocations over time and the
 cluster's reserved slots again. The scheduler also keeps there what `easyscale status` shows (each running job's
-last answer from its supervisor, the nodes, when it last looked), so that `status` on the head reads one file
+last report from its supervisor, as it came; the nodes, as its last round saw them, and when the next looks), so that `status` on the head reads one file
 instead of joining Ray (SQLite's WAL: a reader never blocks the scheduler)."""
 import json
 import os
@@ -21,14 +21,15 @@ _COLUMNS = {"id": "TEXT PRIMARY KEY", "name": "TEXT", "argv": "TEXT", "env": "TE
             "batch_size": "INTEGER", "note": "TEXT",  # note: why a job waits in the queue again (suspended, ...)
             "live": "TEXT", "step_s": "REAL",  # a running job's supervisor's last answer, and seconds per step
             "history": "TEXT"}  # its model's service so far (cluster.live.history): a restarted scheduler's goes on
+_CLUSTER_COLUMNS = {"id": "INTEGER PRIMARY KEY CHECK (id = 0)", "time": "REAL", "nodes": "TEXT", "host": "TEXT",
+                    "pid": "INTEGER", "next_s": "REAL"}
 _SCHEMA = (f"CREATE TABLE IF NOT EXISTS jobs ({', '.join(f'{c} {t}' for c, t in _COLUMNS.items())})",
            # every change of a job's slots (nodes: a node id per slot, [] when it ends): the run's timeline
            "CREATE TABLE IF NOT EXISTS allocations (time REAL, job TEXT, nodes TEXT)",
            "CREATE TABLE IF NOT EXISTS reservations (id TEXT PRIMARY KEY, node TEXT)",
-           # the nodes as the scheduler last saw them, when, and which process it is: a reader knows how fresh the
-           # table is and whether its writer lives
-           "CREATE TABLE IF NOT EXISTS cluster (id INTEGER PRIMARY KEY CHECK (id = 0), time REAL, nodes TEXT, "
-           "host TEXT, pid INTEGER)",
+           # the nodes as the scheduler last saw them, when, which process it is, and within how many seconds it
+           # looks again (its round): a reader knows how fresh the table is and whether its writer lives
+           f"CREATE TABLE IF NOT EXISTS cluster ({', '.join(f'{c} {t}' for c, t in _CLUSTER_COLUMNS.items())})",
            # rounds and `status` read live jobs: an index keeps that quick however many jobs have ended
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted)")
 
@@ -52,9 +53,10 @@ class JobTable:
         self.db.execute("PRAGMA journal_mode=WAL")  # readers (status) never block the scheduler's writes
         for statement in _SCHEMA:
             self.db.execute(statement)
-        have = {row["name"] for row in self.db.execute("PRAGMA table_info(jobs)")}
-        for column in _COLUMNS.keys() - have:  # a table of an earlier version gains the new columns
-            self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {_COLUMNS[column]}")
+        for table, columns in (("jobs", _COLUMNS), ("cluster", _CLUSTER_COLUMNS)):
+            have = {row["name"] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for column in columns.keys() - have:  # a table of an earlier version gains the new columns
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {columns[column]}")
         self.lock = threading.Lock()
 
     def add(self, name: str, argv: List[str], env: dict, virtual_workers: int, min_procs: int, max_procs: int,
@@ -156,16 +158,18 @@ class JobTable:
         with self.lock:
             return [tuple(r) for r in self.db.execute("SELECT id, node FROM reservations ORDER BY id")]
 
-    def describe(self, nodes: List[dict]) -> None:
-        """The nodes as the scheduler (this process) sees them now (each: node, type, slots, reserved, held)."""
+    def describe(self, nodes: List[dict], next_s: float) -> None:
+        """The nodes as the scheduler (this process) sees them now (each: node, type, slots, reserved, held); it
+        describes them again within `next_s` seconds."""
         with self.lock:
-            self.db.execute("INSERT OR REPLACE INTO cluster VALUES (0, ?, ?, ?, ?)",
-                            (time.time(), json.dumps(nodes), socket.gethostname(), os.getpid()))
+            self.db.execute("INSERT OR REPLACE INTO cluster (id, time, nodes, host, pid, next_s) "
+                            "VALUES (0, ?, ?, ?, ?, ?)",
+                            (time.time(), json.dumps(nodes), socket.gethostname(), os.getpid(), next_s))
 
     def described(self) -> Optional[dict]:
-        """The scheduler's last `describe` (time, nodes, host, pid), or None if it never did."""
+        """The scheduler's last `describe` (time, nodes, host, pid, next_s), or None if it never did."""
         with self.lock:
-            row = self.db.execute("SELECT time, nodes, host, pid FROM cluster WHERE id = 0").fetchone()
+            row = self.db.execute("SELECT time, nodes, host, pid, next_s FROM cluster WHERE id = 0").fetchone()
         return dict(row, nodes=json.loads(row["nodes"])) if row else None
 
 

@@ -162,13 +162,13 @@ class Scheduler:
         if job_id and not jobs:
             self._job(job_id)  # raises: no such job
         for job in jobs:
-            supervisor, job["live"] = self.cluster.supervisor(job["id"]), None
-            if supervisor and job["state"] in HOLDING:
-                try:
-                    job["live"] = ray.get(supervisor.status.remote()).to_dict()
-                except ray.exceptions.RayActorError:  # the job ended in the meantime: the next call says so
-                    pass
+            if job["state"] not in HOLDING:  # its supervisor's last report is history
+                job["live"] = None
         return jobs
+
+    def news(self, job_id: str, token: str, report) -> None:
+        """A supervisor's report of what changed in its job (supervisor.Report); supervisors call it, not users."""
+        self.cluster.news(job_id, token, report)
 
     def nodes(self) -> List[dict]:
         """Per node offering slots: its id, its slots' type, slots, slots reserved and slots held by jobs."""

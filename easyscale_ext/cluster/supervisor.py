@@ -10,6 +10,11 @@ marks a process that exited with an error lost at once, as `easyscale run`'s lau
 recover in place. A process that has exited, for any reason (released, moved, failed, cancelled), gives its
 slot back at once: its actor is ended, its output kept in the log folder on the head. The job's run here and each
 of its processes move only as lifecycle.py allows (Run, ProcessState); what the supervisor says of it is a Report.
+
+The supervisor tells the scheduler what changed (`listener.news`): at once when the job's run, its members, its
+processes or their exits change (the job ended, a member was lost or joined), and its progress at most every
+PROGRESS_EVERY_S; the scheduler looks at no job between its rounds. `until_ended` answers when the run ends, and
+fails when the supervisor dies: the one call the scheduler keeps waiting on each supervisor.
 """
 import logging
 import os
@@ -19,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
 import ray
@@ -32,6 +37,9 @@ from .lifecycle import AFTER, PROCESS_MOVES, RUN_MOVES, ProcessState, Run, move
 from .worker import END_WITHIN_S, SlotWorker, end_job, fork_server_name
 
 log = logging.getLogger(__name__)
+
+TICK_S = 0.2  # the supervisor looks at its processes this often: a job's end reaches the scheduler within it
+PROGRESS_EVERY_S = 1.0  # a report that says only that the job stepped goes to the scheduler at most this often
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,10 @@ class Report:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def news_since(self, told: Optional["Report"]) -> bool:
+        """Whether it says more than `told` beyond the job's progress: the scheduler hears of that at once."""
+        return told is None or replace(self, progress=None) != replace(told, progress=None)
 
 
 @dataclass
@@ -86,9 +98,11 @@ def wait_until_gone(name: str) -> None:
         time.sleep(0.05)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"watch": 1})  # until_ended waits beside the other calls
 class JobSupervisor:
-    def __init__(self, job_id: str, argv: List[str], env: Dict[str, str], log_dir: str, virtual_workers: int):
+    def __init__(self, job_id: str, argv: List[str], env: Dict[str, str], log_dir: str, virtual_workers: int,
+                 listener: Optional[ray.actor.ActorHandle] = None, token: Optional[str] = None):
+        """`listener`: the scheduler, told of changes as news(job_id, token, report)."""
         from ..elastic import client  # torch: here, not where the scheduler imports this module
         from ..elastic.protocol import hosted
 
@@ -116,6 +130,10 @@ class JobSupervisor:
                             client.BALANCE_ENV, NODE_ENV, TYPE_ENV, JOB_ENV)
         self.spawned = 0
         self.error: Optional[str] = None  # Report.error
+        self.listener, self.token = listener, token
+        self.told: Optional[Report] = None  # the last report the listener was sent, and when
+        self.told_at = 0.0
+        self.ended = threading.Event()
         self.lock = threading.Lock()
         threading.Thread(target=self._supervise, daemon=True, name="easyscale-supervisor").start()
 
@@ -161,6 +179,17 @@ class JobSupervisor:
         """End every process of the job and give their slots back."""
         with self.lock:
             self._end_processes()
+
+    def tell(self, listener: ray.actor.ActorHandle, token: str) -> None:
+        """Send the news to `listener` from now on (a scheduler that took the job back), all of it again."""
+        self.listener, self.token, self.told = listener, token, None
+
+    @ray.method(concurrency_group="watch")
+    def until_ended(self) -> Report:
+        """The report of the ended run, once it has ended. A supervisor that dies fails this call, which is how its
+        scheduler learns of it."""
+        self.ended.wait()
+        return self.status()
 
     # -- what the scheduler and `easyscale status` read ---------------------------------------------
     def status(self) -> Report:
@@ -271,13 +300,27 @@ class JobSupervisor:
 
     def _supervise(self) -> None:
         while self.run not in AFTER:
-            time.sleep(0.2)
+            time.sleep(TICK_S)
             with self.lock:
                 try:
                     if self.run != Run.PLACING:
                         self._tick()
+                        self._tell()
                 except Exception:  # logged; the next tick looks again (a dead monitor would hang the job)
                     log.exception("%s: supervising failed", self.job_id)
+        self.ended.set()
+        self._tell()
+
+    def _tell(self) -> None:
+        """The listener hears what changed: at once, or, where only the progress did, at most every
+        PROGRESS_EVERY_S. Not awaited: a scheduler restarting misses it, and takes the job back with `tell`."""
+        if self.listener is None:
+            return
+        report, now = self.status(), time.monotonic()
+        if report.news_since(self.told) or (report.progress != self.told.progress
+                                            and now - self.told_at >= PROGRESS_EVERY_S):
+            self.listener.news.remote(self.job_id, self.token, report)
+            self.told, self.told_at = report, now
 
     def _exited(self, name: str, code: int) -> None:
         process = self.processes[name]

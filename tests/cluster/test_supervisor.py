@@ -28,15 +28,29 @@ def wait(condition, what: str, timeout: float = START_S):
         time.sleep(0.2)
 
 
-def started_job(tmp_path, job_id, nodes, step_sleep, *extra, virtual_workers=4):
+@ray.remote(num_cpus=0)
+class Listener:
+    """Keeps the news a supervisor sends, as the scheduler receives it."""
+
+    def __init__(self):
+        self.heard = []
+
+    def news(self, job_id, token, report):
+        self.heard.append((job_id, token, report))
+
+    def all(self):
+        return self.heard
+
+
+def started_job(tmp_path, job_id, nodes, step_sleep, *extra, virtual_workers=4, listener=None):
     """A supervisor beside this driver running JOB_ARGS' job (its hash to tmp_path/hash) on `nodes`, after its
-    first step; and a function returning the supervisor's status."""
+    first step; and a function returning the supervisor's status. `listener` hears its news (token "t")."""
     argv = [JOB, "--mode", "easyscale", "--elastic", "1", "--out", str(tmp_path / "hash"), "--virtual-workers",
             str(virtual_workers), "--steps", "8", "--epochs", "2", "--step-sleep", str(step_sleep), *extra]
     supervisor = JobSupervisor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         ray.get_runtime_context().get_node_id(), soft=False)).remote(
         job_id, argv, {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}, str(tmp_path),
-        virtual_workers)
+        virtual_workers, listener, "t")
     status = lambda: ray.get(supervisor.status.remote())  # noqa: E731
     ray.get(supervisor.place.remote(nodes))
     wait(lambda: (status().progress or {}).get("step", 0) >= 1, "first step")
@@ -44,9 +58,13 @@ def started_job(tmp_path, job_id, nodes, step_sleep, *extra, virtual_workers=4):
 
 
 def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cluster, tmp_path):
+    """And the supervisor tells its listener each change as it happens, once: the growth, the departure, the end;
+    until_ended() answers with the end."""
     a, b = cluster.node_ids()
     out, events = tmp_path / "hash", tmp_path / "events"
-    supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events))
+    listener = Listener.remote()
+    supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events), listener=listener)
+    ended = supervisor.until_ended.remote()
     host, _, port = status().address.rpartition(":")
     assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
     ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
@@ -57,6 +75,14 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
     assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
     assert out.read_text() == reference(**JOB_ARGS)
+    assert ray.get(ended, timeout=10).run == Run.FINISHED
+    wait(lambda: ray.get(listener.all.remote())[-1][2].ended, "the end's news", timeout=10)
+    heard = ray.get(listener.all.remote())
+    assert {(job, token) for job, token, _ in heard} == {("job-test", "t")}
+    reports = [report for _, _, report in heard]
+    assert all(later != earlier for earlier, later in zip(reports, reports[1:])), "news that says nothing new"
+    assert any(sorted(r.nodes) == sorted([a, b]) for r in reports), "no news of the growth"
+    assert reports[-1].run == Run.FINISHED and not any(r.ended for r in reports[:-1])
 
 
 def test_a_move_past_the_jobs_virtual_workers_sheds_the_old_slots_before_growing_the_rest_bitwise(cluster, tmp_path):
