@@ -14,7 +14,8 @@ of its processes move only as lifecycle.py allows (Run, ProcessState); what the 
 The supervisor tells the scheduler what changed (`listener.news`): at once when the job's run, its members, its
 processes or their exits change (the job ended, a member was lost or joined), and its progress at most every
 PROGRESS_EVERY_S; the scheduler looks at no job between its rounds. `until_ended` answers when the run ends, and
-fails when the supervisor dies: the one call the scheduler keeps waiting on each supervisor.
+fails when the supervisor dies: the one call the scheduler keeps waiting on each supervisor. The supervisor learns of
+its processes' exits the same way, from each slot's `exited` call, in flight while its process runs.
 """
 import logging
 import os
@@ -82,6 +83,7 @@ class Process:
     with_node: bool = False  # it went with its node
     retired: bool = False  # its slot's actor is ended (its slot free, its output kept on the head)
     pid: Optional[ray.ObjectRef] = None  # its pid on its node, once its actor says
+    exit: Optional[ray.ObjectRef] = None  # its exit code, once it has exited (SlotWorker.exited, in flight till then)
 
     def move(self, to: ProcessState) -> None:
         self.state = move(PROCESS_MOVES, self.state, to, "a process")
@@ -290,7 +292,7 @@ class JobSupervisor:
             name=f"{self.job_id}/{name}", namespace=NAMESPACE, lifetime="detached").remote(
             [sys.executable] + self.argv, env, self._log_path(name), self.per_process)
         self.processes[name] = Process(node, actor, ProcessState.JOINING if joining else ProcessState.STARTING,
-                                       joiner=joining, pid=actor.pid.remote())
+                                       joiner=joining, pid=actor.pid.remote(), exit=actor.exited.remote())
 
     def _move(self, to: Run, **ending) -> None:
         """The run moves to `to`; where that ends it, `ending` says how (Report's fields)."""
@@ -330,10 +332,10 @@ class JobSupervisor:
 
     def _tick(self) -> None:
         store, processes = self.store, self.processes
-        polls = {p.actor.poll.remote(): name for name, p in processes.items() if p.state != ProcessState.GONE}
-        answered, _ = ray.wait(list(polls), num_returns=len(polls), timeout=1.0)  # one not placed yet waits
+        exits = {p.exit: name for name, p in processes.items() if p.state != ProcessState.GONE}
+        answered, _ = ray.wait(list(exits), num_returns=len(exits), timeout=0)  # the processes that exited
         for ref in answered:
-            name = polls[ref]
+            name = exits[ref]
             process = processes[name]
             try:
                 code = ray.get(ref)
@@ -345,8 +347,6 @@ class JobSupervisor:
                 code, process.withdrawn, process.with_node = -9, True, True  # a joiner lost so is no failure
                 self.joiner_lost |= process.joiner and name not in self.client.current_members(store)
                 self._end_orphan(process)
-            if code is None:
-                continue
             self._exited(name, code)
             if code != 0 and not store.is_lost(name):
                 store.mark_lost(name, "exited")  # the others recover at once, in place

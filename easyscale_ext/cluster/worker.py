@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -117,11 +118,12 @@ class NodeForkServer:
                 del self.children[pid]
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"watch": 1})  # exited() waits beside the other calls
 class SlotWorker:
     def __init__(self, argv: List[str], env: Dict[str, str], log_path: str, per_process: Sequence[str] = ()):
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         self.log_path, self.code = log_path, None
+        self.reading = threading.Lock()  # the exit code is read once (a fork server forgets it once given)
         if GPUS_ENV in os.environ:
             env = dict(env, **{GPUS_ENV: os.environ[GPUS_ENV]})
         # The job's gloo groups go over the interface of the node's Ray address, the one its peers reach it at: what
@@ -151,6 +153,16 @@ class SlotWorker:
         """The process's exit code, None while it runs."""
         return self._code(wait=False)
 
+    @ray.method(concurrency_group="watch")
+    def exited(self) -> int:
+        """The process's exit code, once it has exited: a call that stays in flight while the process runs, which its
+        supervisor waits on, asking nothing (it fails if this actor dies, with its node or killed)."""
+        if self.child is not None:
+            self.child.wait()
+        else:
+            select.select([self.ended], [], [])  # not the fork server's wait: that would hold its node's server
+        return self._code(wait=True)
+
     def terminate(self) -> None:
         """SIGTERM: the process leaves the job at its next step boundary, in place (a preemption)."""
         if self._code(wait=False) is None:
@@ -169,6 +181,10 @@ class SlotWorker:
             return f.read(limit)
 
     def _code(self, wait: bool) -> Optional[int]:
+        with self.reading:
+            return self._read_code(wait)
+
+    def _read_code(self, wait: bool) -> Optional[int]:
         if self.code is None:
             if self.child is not None:
                 self.code = self.child.wait() if wait else self.child.poll()
