@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import rounds
+from .ledger import Ledger
 from .costs import RuntimeCosts
 from .models.freezing import timeline_for
 from .models.easyscale import EasyScaleJob
@@ -106,7 +107,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
     rounds.run(run, policy)
     return Result(policy.name, cluster.spec, dict(asdict(config), **asdict(costs)),
                   sorted(run.records, key=lambda r: (r["arrival"], r["name"])),
-                  {"time": run.times, "gpus": run.gpus_used, "active": run.num_active}, run.segments)
+                  {"time": run.times, "gpus": run.gpus_used, "active": run.num_active}, run.ledger.segments)
 
 
 class SimulatedCluster:
@@ -121,7 +122,7 @@ class SimulatedCluster:
         self.active, self.running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
         self.paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
         self.leaving = {}  # name -> when a preempted job has left its GPUs (suspend_s): the policy sees it again then
-        self.allocations, self.records, self.segments, self.opened, self.first_start = {}, [], [], {}, {}
+        self.allocations, self.records, self.ledger = {}, [], Ledger()
         self.times, self.gpus_used, self.num_active = [], [], []
         self.now, self.arrived, self.idle = 0.0, 0, 0
         self.lag = costs.arrival_lag_s if costs.rounds_at_arrivals else 0.0
@@ -152,8 +153,8 @@ class SimulatedCluster:
             self.active[job.name], self.paused[job.name] = job, job.progress
             self.arrived += 1
         for job in [j for j in self.running.values() if j.completion is not None]:
-            self.records.append(_record(job, self.first_start.get(job.name)))
-            _close(self.segments, self.opened, job.name, job.completion)
+            self.records.append(_record(job, self.ledger.first_start.get(job.name)))
+            self.ledger.held(job.completion, job.name, 0)
             del self.active[job.name], self.running[job.name], self.allocations[job.name]
             if self.progress is not None:
                 self.progress.update(1)
@@ -170,7 +171,7 @@ class SimulatedCluster:
         return rounds.View(seen, self.cluster, self.allocations, self.keys)
 
     def has_run(self, name) -> bool:
-        return name in self.first_start
+        return name in self.ledger.first_start
 
     def carry_out(self, now, changes):
         config, costs, cluster = self.config, self.costs, self.cluster
@@ -195,12 +196,10 @@ class SimulatedCluster:
                 job.allocate_after(cluster.groups(alloc), delay, prepare if gained else 0.0, gained)
             else:
                 job.allocate(cluster.groups(alloc), delay + wait, starts=not (self.in_place and old))
-            _close(self.segments, self.opened, name, now)
+            self.ledger.held(now, name, len(alloc))
             if alloc:
                 self.running[name] = job
                 self.paused.pop(name, None)
-                self.opened[name] = (now, len(alloc))
-                self.first_start.setdefault(name, now)
             else:
                 del self.running[name]
                 self.paused[name] = job.progress
@@ -306,13 +305,6 @@ def _check(now, allocations, active, cluster):
     for name, alloc in allocations.items():
         if len({cluster.types[n] for n in alloc}) > 1 and not active[name].spec.heterogeneous:
             raise InvariantError(f"t={now}: {name} spans GPU types but does not allow it (D2)")
-
-
-def _close(segments, opened, name, end):
-    if name in opened:
-        start, gpus = opened.pop(name)
-        if end > start:
-            segments.append((name, start, end, gpus))
 
 
 def _record(job, first_start):
