@@ -53,7 +53,7 @@ ABLATION = [
     ("Sia", "sia", "policy", "Sia's program; jobs restart on every change"),
     ("Sia + in place", "sia", "on", "Sia's program unchanged; jobs move in place (pause + bytes)"),
     ("Sia + in place, discounted", "sia-inplace", "policy", "as above, and the program discounts a change by 1 s"),
-    ("Sia + mixed types", "sia-mixed", "policy", "Sia's program with two-type configurations; restarts"),
+    ("Sia + mixed types", "elastic-goodput-pairs-only", "policy", "Sia's program with two-type configurations; restarts"),
     ("elastic-goodput", "elastic-goodput", "policy",
      "two-type pairs + cheap-move growth + sqrt-utility objective + remaining-work weight; jobs in place"),
     ("elastic-goodput without mixed types", "elastic-goodput-no-mixed", "policy", "one type per job"),

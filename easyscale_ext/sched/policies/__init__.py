@@ -34,8 +34,8 @@ POLICIES = {  # what a user picks (`--policy`)
 EXPERIMENTS = {  # ablations, each a policy above with one idea taken out or added (BENCHMARKS.md's tables)
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
     "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
-    "sia-mixed": lambda seed: ElasticGoodputPolicy(fast_growth=False, utility=False, remaining=False, in_place=False,
-                                                   name="sia-mixed"),
+    "elastic-goodput-pairs-only": lambda seed: ElasticGoodputPolicy(fast_growth=False, utility=False, remaining=False,
+                                                                    in_place=False, name="elastic-goodput-pairs-only"),
     "elastic-goodput-no-mixed": lambda seed: ElasticGoodputPolicy(mixed=False),
     "elastic-goodput-no-fast-growth": lambda seed: ElasticGoodputPolicy(fast_growth=False),
     "elastic-goodput-sia-objective": lambda seed: ElasticGoodputPolicy(utility=False),
