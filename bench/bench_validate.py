@@ -1,12 +1,16 @@
 """Elastic-goodput on workloads it was never developed on: draws by Pollux's and Sia's samplers' rules
 (sched.models.sampler, Sia's rules) on five cluster shapes of 64 GPUs at three loads, split once into decision
-draws, on which each design choice is judged, and verdict draws, on which the policy is reported. The two splits
-never share a draw: a draw's seed is its split's base plus 1,000 x its cell (shape, load) plus its index.
+draws, on which each design choice is judged, and verdict draws, on which the policy is reported. No two splits
+share a draw: a draw's seed is its split's base plus 1,000 x its cell (shape, load) plus its index. A verdict split
+that has judged a policy has been looked at: a later change decides on a fresh decision split and is judged on a fresh
+verdict split (`decide-2`, `verdict-2`). The --json file says which split and role its figures are of, and their
+seeds.
 
 Job model: Sia's workloads' (Sia's per-application restarts; runs in place where the policy does), as bench_fair.py.
 
   python bench/bench_validate.py --split decide --json decide.json    # the choices, on the decision draws
   python bench/bench_validate.py --split verdict --json verdict.json  # the verdict, on draws used for nothing else
+  python bench/bench_validate.py --split decide-2 --json decide2.json # a second round's choices, on fresh draws
 
 Each simulation runs in a worker process, --procs at a time. --json keeps every figure as it comes (a rerun with
 the same file simulates only what it lacks), and the tables are printed from it at the end.
@@ -29,7 +33,7 @@ from easyscale_ext.sched.policies import RUNNABLE
 from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy
 from easyscale_ext.sched.simulator import SIA_RESTARTS, simulate
 
-SPLITS = {"decide": 0, "verdict": 1_000_000}
+SPLITS = {"decide": 0, "verdict": 1_000_000, "decide-2": 2_000_000, "verdict-2": 3_000_000}  # name -> seed base
 LOADS = (0.5, 1.0, 2.0)
 JUDGED = "elastic-goodput"
 BASELINES = ("sia", "sia-inplace")
@@ -66,10 +70,30 @@ def key_of(seed, policy) -> str:
     return f"{seed}/{policy}"
 
 
-def save(path, figures) -> None:
-    """Write `figures` to `path` atomically (a crash mid-write leaves the last complete file)."""
+def role_of(split: str) -> str:
+    """What a split's draws are for: "decide" (choices are made on them) or "verdict" (a policy is judged on them)."""
+    return split.split("-")[0]
+
+
+def load(path: Path, split: str) -> dict:
+    """The figures kept in `path` for `split` (none if there is no file); a file of another split is refused."""
+    if not path.exists():
+        return {}
+    kept = json.loads(path.read_text())
+    if "split" not in kept:
+        raise SystemExit(f"{path} does not say which draws its figures are of (an older file): give a new --json")
+    if kept["split"] != split:
+        raise SystemExit(f"{path} holds the {kept['split']!r} draws, not {split!r}: give another --json")
+    return kept["figures"]
+
+
+def save(path, split, figures) -> None:
+    """Write `figures` to `path` atomically (a crash mid-write leaves the last complete file), with the split, its
+    role and the seeds they are of."""
+    seeds = sorted({int(key.split("/")[0]) for key in figures})
     tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(figures, indent=0, sort_keys=True))
+    tmp.write_text(json.dumps({"split": split, "role": role_of(split), "seeds": seeds, "figures": figures},
+                              indent=0, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -160,7 +184,7 @@ def main():
     if unknown:
         parser.error(f"unknown policies {', '.join(unknown)}")
     path = Path(args.json)
-    figures = json.loads(path.read_text()) if path.exists() else {}
+    figures = load(path, args.split)
     tasks = [(key_of(seed, p), data, shape, load, seed, p)
              for k in range(args.draws) for cell, (shape, load) in enumerate(CELLS)
              for seed in [seed_of(args.split, cell, k)] for p in policies if key_of(seed, p) not in figures]
@@ -168,7 +192,7 @@ def main():
     with multiprocessing.get_context("spawn").Pool(args.procs) as pool:
         for done, (key, result) in enumerate(pool.imap_unordered(simulate_one, tasks), 1):
             figures[key] = result
-            save(path, figures)
+            save(path, args.split, figures)
             print(f"  {done}/{len(tasks)} {key} avg {result['avg'] / 3600:.3f} h, {result['cpu']:.0f} s CPU, "
                   f"{time.time() - begin:.0f} s", flush=True)
     tables(figures, args.split, args.draws, policies)
