@@ -64,20 +64,24 @@ def test_a_job_grows_onto_another_node_then_leaves_the_first_in_place_bitwise(cl
     out, events = tmp_path / "hash", tmp_path / "events"
     listener = Listener.remote()
     supervisor, status = started_job(tmp_path, "job-test", [a], 0.5, "--log-events", str(events), listener=listener)
-    ended = supervisor.until_ended.remote()
-    host, _, port = status().address.rpartition(":")
-    assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
-    ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
-    wait(lambda: sorted(status().nodes) == sorted([a, b]) or status().ended, "growth")
-    ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
-    wait(lambda: status().ended, "the end")
-    assert status().run == Run.FINISHED
-    seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
-    assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
-    assert out.read_text() == reference(**JOB_ARGS)
-    assert ray.get(ended, timeout=10).run == Run.FINISHED
-    wait(lambda: ray.get(listener.all.remote())[-1][2].ended, "the end's news", timeout=10)
-    heard = ray.get(listener.all.remote())
+    try:
+        ended = supervisor.until_ended.remote()
+        host, _, port = status().address.rpartition(":")
+        assert listening(int(port)) == [host] == ["127.0.0.1"]  # the job's store: on the node's address only
+        ray.get(supervisor.place.remote([a, b]))  # grow across nodes: a joiner on b
+        wait(lambda: sorted(status().nodes) == sorted([a, b]) or status().ended, "growth")
+        ray.get(supervisor.place.remote([b]))  # leave a: its process is released, its virtual workers move
+        wait(lambda: status().ended, "the end")
+        assert status().run == Run.FINISHED
+        seen = sorted({tuple(map(int, line.split()[1:3])) for line in events.read_text().splitlines()})
+        assert seen == [(1, 2), (2, 1)], f"scale events (old, new): {seen}"
+        assert out.read_text() == reference(**JOB_ARGS)
+        assert ray.get(ended, timeout=10).run == Run.FINISHED
+        wait(lambda: ray.get(listener.all.remote())[-1][2].ended, "the end's news", timeout=10)
+        heard = ray.get(listener.all.remote())
+    finally:  # ended as the scheduler ends them (a supervisor let go exits through Ray's graceful path)
+        ray.kill(supervisor)
+        ray.kill(listener)
     assert {(job, token) for job, token, _ in heard} == {("job-test", "t")}
     reports = [report for _, _, report in heard]
     assert all(later != earlier for earlier, later in zip(reports, reports[1:])), "news that says nothing new"
