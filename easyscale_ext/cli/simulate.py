@@ -13,6 +13,7 @@ status 2), and nothing is written.
 import json
 import multiprocessing
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from ..sched.models.application import DERIVED_FROM_T4, EPOCHS, GPU_TYPES, STAND
 from ..sched.models.cluster import DEFAULT, EASYSCALE, SHAPES, Cluster
 from ..sched.models.reallocation import INTER_NODE_GBPS, INTRA_NODE_GBPS
 from ..sched.models.traces import data_dir
-from ..sched.policies import POLICIES, RUNNABLE, made
+from ..sched.policies import POLICIES, RENAMED, RUNNABLE, made
 from ..sched.simulator import EASYSCALE as EASYSCALE_MODEL
 from ..sched.simulator import SIA, SIA_RESTARTS, SimConfig, job_maker, simulate, validate
 from .errors import UsageError
@@ -153,6 +154,9 @@ def parse_cluster(spec) -> Cluster:
 
 def policy_names(text) -> list:
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for old in [n for n in names if n in RENAMED]:
+        warnings.warn(f"--policy {old} is now called {RENAMED[old]}: use that name", FutureWarning, stacklevel=2)
+    names = list(dict.fromkeys(RENAMED.get(n, n) for n in names))
     unknown = [n for n in names if n not in RUNNABLE and n != "all"]
     if unknown or not names or "all" in names and len(names) > 1:
         raise UsageError(f"--policy {text}: expected all, or comma-separated names of {', '.join(POLICIES)}"

@@ -75,6 +75,8 @@ def test_policy_lists():
     for bad in ("", "all,fifo", "fifo,nope"):
         with pytest.raises(UsageError, match="expected all, or comma-separated names"):
             simulate_cli.policy_names(bad)
+    with pytest.warns(FutureWarning, match="--policy sia-mixed is now called elastic-goodput-pairs-only"):
+        assert simulate_cli.policy_names("sia-mixed,fifo") == ["elastic-goodput-pairs-only", "fifo"]
 
 
 def parse(*argv):

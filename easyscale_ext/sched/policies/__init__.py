@@ -43,6 +43,7 @@ EXPERIMENTS = {  # ablations, each a policy above with one idea taken out or add
     "icefrog-nofreeze": lambda seed: IceFrogPolicy(freeze=False),
 }
 RUNNABLE = {**POLICIES, **EXPERIMENTS}  # every name `easyscale simulate --policy` and the benchmarks accept
+RENAMED = {"sia-mixed": "elastic-goodput-pairs-only"}  # a former name -> the policy's: accepted with a warning
 # Pollux and Sia as the Sia artifact's simulator runs them, in its setting (`easyscale simulate --calibration sia`):
 # Pollux at that simulator's default p = 0.5 (multi_simulator_unaware.py; the one script it ships, for a family not
 # in its paper's tables, passes -1), and Sia's restart factor charging each application's measured restart.
