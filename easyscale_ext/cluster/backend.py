@@ -5,8 +5,7 @@ Between rounds the scheduler looks at nothing: it wakes for a round when one is 
 submission, slots come free), or when the one call it keeps waiting on each supervisor (`until_ended`) returns, the
 job's run over, or fails, the supervisor dead. Supervisors tell it what changed as it happens
 (supervisor.JobSupervisor._tell). A round: those calls say which jobs ended, the news how far the others are; each
-job's model (the one a simulation
-would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
+job's model (the one a simulation would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
 the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running
 jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again
 after a suspension, gets a supervisor and starts on them; a running job whose slots change moves there in place
@@ -77,13 +76,12 @@ class Tracked:
     last_step: Optional[tuple] = None  # (time, step, its members' nodes if its model's) of its last progress report
     step_s: Optional[float] = None  # seconds per step measured over its last round
 
-    def listen(self, supervisor: ray.actor.ActorHandle, wake: threading.Event, token: Optional[str] = None) -> str:
-        """Follow `supervisor`'s news from now on, which carries `token` (default: a new one; returns it); `wake` is
-        set when its run ends or it dies."""
-        self.supervisor, self.token, self.news = supervisor, token or uuid.uuid4().hex, None
+    def listen(self, supervisor: ray.actor.ActorHandle, token: str, wake: threading.Event) -> None:
+        """Follow `supervisor`'s news from now on, which carries `token`; `wake` is set when its run ends or it
+        dies."""
+        self.supervisor, self.token, self.news = supervisor, token, None
         self.watch = supervisor.until_ended.remote()
         self.watch.future().add_done_callback(lambda _: wake.set())
-        return self.token
 
     def leave_slots(self) -> None:
         """It holds no slot now: what its supervisor said goes; its model keeps its history (attained service,
@@ -121,8 +119,10 @@ class RayCluster:
             except ValueError:  # its supervisor is gone (with the head node): it resumes from its checkpoint
                 self._orphaned(job["id"])
                 continue
-            record = self.jobs[job["id"]] = Tracked()
-            supervisor.tell.remote(self.me, record.listen(supervisor, self.wake))
+            record, token = Tracked(), uuid.uuid4().hex
+            self.jobs[job["id"]] = record
+            record.listen(supervisor, token, self.wake)
+            supervisor.tell.remote(self.me, token)
             if job["state"] == JobState.SUSPENDING:  # asked again: the dead scheduler's call may be lost with it
                 supervisor.suspend.remote()
             elif job["nodes"]:  # the slots the table says it holds, again: a place() call the dead scheduler sent to
@@ -203,7 +203,7 @@ class RayCluster:
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node, soft=False))
         token = uuid.uuid4().hex
         record.listen(supervisor.remote(job["id"], job["argv"], job["env"], job["log_dir"], job["virtual_workers"],
-                                        self.me, token), self.wake, token)
+                                        self.me, token), token, self.wake)
         self.table.move(job["id"], JobState.RUNNING, started=time.time(), note=None)
 
     def suspend(self, job_id: str, why: str) -> None:
