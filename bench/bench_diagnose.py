@@ -1,9 +1,10 @@
 """Where one policy loses to another, job by job: both simulated on bench_validate.py's draws of a cell (a shape and a
 load), and each job's JCT difference split into its wait (arrival to first start) and its run (first start to end),
 summed over jobs grouped by length (the job's lower limit on its JCT alone on the cluster, sched.bound) and by the
-GPUs it asked for, with the GPU-hours each group was given, the GPUs it held on average while it ran, and its
-changes in place: grown, shrunk, moved (the same number elsewhere); a resume after a suspension counts apart. A group's share of the loss says which jobs pay, its wait or run how: a wait is the policy's
-order (whom it starts first), a run its sizes and moves.
+GPUs it asked for, with the GPU-hours each group was given, the GPUs it held on average while it ran, and its changes
+in place: grown, shrunk, moved (the same number elsewhere); a resume after a suspension counts apart. A group's share
+of the loss says which jobs pay, its wait or run how: a wait is the policy's order (whom it starts first), a run its
+sizes and moves.
 
     python bench/bench_diagnose.py --split verdict --shape easyscale --load 1 --draws 4
     python bench/bench_diagnose.py --split verdict --shape easyscale --load 1 --policies elastic-goodput,sia-inplace

@@ -34,7 +34,8 @@ def test_the_kept_file_says_which_draws_and_role_and_is_not_read_for_another_spl
 
 
 def test_tables_and_goals_from_kept_figures(tmp_path):
-    # elastic-goodput at 0.8 of Sia's average and 0.9 of sia-inplace's, its p99 and makespan Sia's; an ablation 5 % worse
+    # elastic-goodput at 0.8 of Sia's average and 0.9 of sia-inplace's, its p99 and makespan Sia's; an ablation 5 %
+    # worse
     scale = {"sia": 1.0, "sia-inplace": 0.8 / 0.9, "elastic-goodput": 0.8, "elastic-goodput-no-remaining": 0.84}
     figures = {bench_validate.key_of(bench_validate.seed_of("verdict", cell, 0), policy):
                {"avg": 1000.0 * s, "p99": 5000.0, "makespan": 9000.0, "cpu": 0.0}

@@ -1,11 +1,11 @@
 """The cluster's backend of the scheduling loop (sched/rounds.py): real time, the jobs' own measurements, and the
 decisions carried out on Ray through the jobs' supervisors.
 
-Between rounds the scheduler looks at nothing: it wakes for a round when one is due, when a verb asks (a
-submission, slots come free), or when the one call it keeps waiting on each supervisor (`until_ended`) returns, the
-job's run over, or fails, the supervisor dead. Supervisors tell it what changed as it happens
-(supervisor.JobSupervisor._tell). A round: those calls say which jobs ended, the news how far the others are; each
-job's model (the one a simulation would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
+Between rounds the scheduler looks at nothing: it wakes for a round when one is due, when a verb asks (a submission,
+slots come free), or when the one call it keeps waiting on each supervisor (`until_ended`) returns, the job's run
+over, or fails, the supervisor dead. Supervisors tell it what changed as it happens (supervisor.JobSupervisor._tell).
+A round: those calls say which jobs ended, the news how far the others are; each job's model (the one a simulation
+would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
 the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running
 jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again
 after a suspension, gets a supervisor and starts on them; a running job whose slots change moves there in place

@@ -1,8 +1,9 @@
 """The cluster's job table: one SQLite file in the cluster's state folder, so that a scheduler that
 restarts (`cluster stop`/`start`, or its actor crashing) finds its jobs, their allocations over time and the
 cluster's reserved slots again. The scheduler also keeps there what `easyscale status` shows (each running job's
-last report from its supervisor, as it came; the nodes, as its last round saw them, and when the next looks), so that `status` on the head reads one file
-instead of joining Ray (SQLite's WAL: a reader never blocks the scheduler)."""
+last report from its supervisor, as it came; the nodes, as its last round saw them, and when the next looks), so
+that `status` on the head reads one file instead of joining Ray (SQLite's WAL: a reader never blocks the
+scheduler)."""
 import json
 import os
 import socket

@@ -37,8 +37,8 @@ Runtime capability, not an allocation idea: its jobs run in place (`in_place`); 
 makes them restart-based (the ablation's "elastic-goodput, restart-based").
 
 Ablations (policies.EXPERIMENTS): elastic-goodput-no-mixed, -no-fast-growth, -sia-objective and -no-remaining;
-elastic-goodput-pairs-only is Sia's program with the pairs only, restart-based. Like every policy it reads job models only, so a
-real scheduler can run it.
+elastic-goodput-pairs-only is Sia's program with the pairs only, restart-based. Like every policy it reads job models
+only, so a real scheduler can run it.
 """
 import itertools
 import math
