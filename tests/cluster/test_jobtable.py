@@ -1,5 +1,5 @@
-"""The job table stays quick to read however many jobs have ended, survives its writer killed mid-write, and moves
-a job only along its lifecycle."""
+"""The job table stays quick to read however many jobs have ended, survives its writer killed mid-write, moves a job
+only along its lifecycle, and takes over a table of an earlier version."""
 import signal
 import sqlite3
 import subprocess
@@ -73,3 +73,26 @@ def test_a_job_moves_only_along_its_lifecycle(tmp_path):
     with pytest.raises(IllegalMove, match="it is queued"):  # never ran: nothing to suspend
         table.move(queued, "suspending")
     assert set(MOVES) == set(LIVE) and not set(MOVES) & set(ENDED)  # no move out of an end
+
+
+def test_a_table_of_an_earlier_version_gains_the_new_columns_and_keeps_its_jobs(tmp_path):
+    """A scheduler started on the state folder of an earlier one: its jobs table lacked `history`, its cluster table
+    `next_s` (when the scheduler describes the nodes again). Both are added; the job and the description stay."""
+    path = tmp_path / "jobs.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT, argv TEXT, env TEXT, virtual_workers INTEGER, "
+               "min_procs INTEGER, max_procs INTEGER, state TEXT, submitted REAL, started REAL, finished REAL, "
+               "exit_code INTEGER, nodes TEXT, log_dir TEXT, application TEXT, batch_size INTEGER, note TEXT, "
+               "live TEXT, step_s REAL)")
+    db.execute("INSERT INTO jobs (id, name, argv, env, virtual_workers, min_procs, max_procs, state, submitted, "
+               "nodes) VALUES ('old-1', 'old', '[\"train.py\"]', '{}', 4, 1, 4, 'queued', 1.0, '[]')")
+    db.execute("CREATE TABLE cluster (id INTEGER PRIMARY KEY CHECK (id = 0), time REAL, nodes TEXT, host TEXT, "
+               "pid INTEGER)")
+    db.execute("INSERT INTO cluster VALUES (0, 1.0, '[]', 'h', 1)")
+    db.commit()
+    db.close()
+    table = JobTable(str(path))
+    assert table.get("old-1")["state"] == JobState.QUEUED and table.get("old-1")["history"] is None
+    assert table.described()["next_s"] is None  # described by the earlier scheduler: no promise of when again
+    table.describe([{"node": "n"}], 60.0)
+    assert JobTable(str(path), read_only=True).described()["next_s"] == 60.0
