@@ -41,13 +41,15 @@ def job_model(name: str, arrival: float, virtual_workers: int, max_procs: int, a
     return job
 
 
-HISTORY = ("attained", "run_s", "starts")  # what a model accumulates that no report of the real job gives back
+# What a model accumulates that no report of the real job gives back.
+HISTORY = ("attained", "attained_on", "run_s", "starts")
 
 
 def history(job) -> dict:
-    """What the model has accumulated of its job's service (GPU-seconds and seconds held, starts), which policies
-    rank jobs by (Tiresias' and EDL's queues, Pollux's order, elastic-goodput's remaining work): the job table keeps
-    it, so that a restarted scheduler's model goes on from it rather than from a job just submitted."""
+    """What the model has accumulated of its job's service (GPU-seconds held, in all and on each GPU type; seconds
+    held; starts), which policies rank jobs by (Tiresias' and EDL's queues, Pollux's order, elastic-goodput's
+    remaining work): the job table keeps it, so that a restarted scheduler's model goes on from it rather than from a
+    job just submitted."""
     return {field: getattr(job, field) for field in HISTORY}
 
 

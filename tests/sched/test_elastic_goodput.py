@@ -8,7 +8,7 @@ from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.fifo import FifoPolicy
 from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy, remaining_work
-from easyscale_ext.sched.policies.sia import SiaPolicy
+from easyscale_ext.sched.policies.sia import SiaPolicy, one_gpu_throughput
 from easyscale_ext.sched.simulator import SimConfig, simulate
 from test_sia import running
 
@@ -80,6 +80,35 @@ def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
         alloc = ablation.optimize(600, jobs, cluster, {"a": (0, 0), "b": (1, 1)})
         unweighted.append({name: len(a) for name, a in alloc.items()})
     assert ablation.name == "elastic-goodput-no-remaining" and unweighted[0] == unweighted[1]
+
+
+def test_remaining_work_counts_a_second_on_a_slower_type_as_the_share_of_one_on_the_fastest(apps):
+    """Two jobs alike, each half done after 240 GPU-seconds, one on T4s, one on A100s: in GPU-seconds held both
+    have as much left; in seconds of the cluster's type fastest for them, the one on T4s has a T4's one-GPU
+    throughput over an A100's of that (1 / 6.9): a second on a slow type is less work done and less left."""
+    jobs = [running(apps, "a", 2, "t4", seconds=120), running(apps, "b", 2, "a100", seconds=120)]
+    for job in jobs:
+        job.progress = 0.5 * job.app.noise.progress_at(job.epochs)
+    assert [job.attained_on for job in jobs] == [{"t4": 240.0}, {"a100": 240.0}]
+    assert remaining_work(jobs[0]) == remaining_work(jobs[1]) == pytest.approx(240.0)
+    slower = one_gpu_throughput(jobs[0].app, "t4") / one_gpu_throughput(jobs[0].app, "a100")
+    assert slower == pytest.approx(1 / 6.8993, rel=1e-4)
+    assert remaining_work(jobs[0], ("t4", "a100")) == pytest.approx(240.0 * slower)
+    assert remaining_work(jobs[1], ("t4", "a100")) == pytest.approx(240.0)
+    assert remaining_work(jobs[0], ("t4",)) == pytest.approx(240.0)  # on a cluster of T4s only, T4s are fastest
+
+
+@pytest.mark.parametrize("weigh_types,fast", [(True, "near"), (False, "far")])
+def test_the_remaining_work_weight_decides_who_grows_not_who_gets_the_faster_type(apps, weigh_types, fast):
+    """An A100 and a T4, two jobs measured on a T4: DeepSpeech2 nine tenths done (2.5 times as fast on the A100) and
+    BERT a tenth done (10.8 times). Weighting a job's every value by its remaining work gives the A100 to the job
+    nearer its end; weighting only what it gains above one GPU of each type, to the job it speeds up most."""
+    near, far = running(apps, "near", 1, "t4", app="deepspeech2"), running(apps, "far", 1, "t4", app="bert")
+    for job, share in ((near, 0.9), (far, 0.1)):
+        job.progress = share * job.app.noise.progress_at(job.epochs)
+    cluster = Cluster.parse("1x1:a100,1x1:t4")
+    alloc = ElasticGoodputPolicy(weigh_types=weigh_types).optimize(600, [near, far], cluster, {})
+    assert alloc[fast] == (0,) and cluster.types[0] == "a100"
 
 
 @pytest.mark.parametrize("age_s,floor", [(math.inf, 0.0), (2400.0, 0.25), (1000.0, 0.6), (300.0, 1.0)])

@@ -40,6 +40,7 @@ class Job:
         self.report_at = 0.0  # its progress at its first report on its allocation (reported_steps)
         self.completion = None
         self.attained = 0.0  # GPU-seconds held
+        self.attained_on = {}  # GPU type -> GPU-seconds held on it running (not joiners' GPUs while they prepare)
         self.run_s = 0.0  # seconds holding GPUs
         self.starts = 0
 
@@ -159,6 +160,8 @@ class Job:
             if self.exit_left <= 0:
                 self.completion = now + used
         self.attained += used * self.num_gpus
+        for gpu_type, per_node in self.groups.items():
+            self.attained_on[gpu_type] = self.attained_on.get(gpu_type, 0.0) + used * sum(per_node)
         self.run_s += used
 
     def _configure(self):

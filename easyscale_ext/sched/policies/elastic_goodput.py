@@ -32,7 +32,10 @@ models/freezing.py: freezing off unless a job opts in).
   a real job reports its steps done of its total, and its GPU-seconds held are the scheduler's. A job that has done
   nothing yet is valued as the median. Smith's rule holds the longest jobs back, which the tail pays for; with an
   age bound (`age_s`, as Tiresias promotes a starved job) a job's weight rises linearly with its time in the system
-  to the median's at `age_s` seconds (none by default; bench/bench_validate.py judges candidates).
+  to the median's at `age_s` seconds (none by default; bench/bench_validate.py judges candidates). Two more
+  settings, judged on decision draws and not adopted (BENCHMARKS.md): remaining work counted in seconds of the
+  job's fastest GPU type (`typed_work`: a second held on a T4 is less work than one on a V100), and the weight on
+  what a job gains above one GPU of each type only, not on which type it gets (`weigh_types=False`).
 Runtime capability, not an allocation idea: its jobs run in place (`in_place`); `easyscale simulate --in-place off`
 makes them restart-based (the ablation's "elastic-goodput, restart-based").
 
@@ -60,14 +63,17 @@ class ElasticGoodputPolicy(SiaPolicy):
     in_place = True
 
     def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = True,
-                 reallocation_s: float = REALLOCATION_S, age_s: float = math.inf, name=None, **sia):
+                 typed_work: bool = False, weigh_types: bool = True, reallocation_s: float = REALLOCATION_S,
+                 age_s: float = math.inf, name=None, **sia):
         restart_s = reallocation_s if fast_growth else sia.pop("restart_s", 30.0)
         name = name or "elastic-goodput" + ("" if mixed else "-no-mixed") + (
             "" if fast_growth else "-no-fast-growth") + ("" if utility else "-sia-objective") + (
-            "" if remaining else "-no-remaining") + ("" if age_s == math.inf else f"-age-{age_s / 3600:g}h")
+            "" if remaining else "-no-remaining") + ("-typed-work" if typed_work else "") + (
+            "" if weigh_types else "-growth-weight") + (
+            "" if age_s == math.inf else f"-age-{age_s / 3600:g}h")
         super().__init__(restart_s=restart_s, name=name, **sia)
         self.mixed, self.fast_growth, self.utility, self.remaining = mixed, fast_growth, utility, remaining
-        self.age_s = age_s
+        self.typed_work, self.weigh_types, self.age_s = typed_work, weigh_types, age_s
         self._weights = {}  # job -> the median job's remaining work over its own (`remaining`), this round
         self.mixes_types = mixed
         self.growth = MAX_GPUS if fast_growth else 2
@@ -78,7 +84,8 @@ class ElasticGoodputPolicy(SiaPolicy):
     def optimize(self, now, jobs, cluster, allocations):
         jobs = list(jobs)
         if self.remaining:
-            work = {job.name: left for job in jobs if (left := remaining_work(job)) is not None}
+            types = tuple(dict.fromkeys(cluster.types)) if self.typed_work else ()
+            work = {job.name: left for job in jobs if (left := remaining_work(job, types)) is not None}
             median = statistics.median(work.values()) if work else 1.0
             self._weights = {job.name: max(median / work[job.name], min((now - job.arrival) / self.age_s, 1.0))
                              for job in jobs if job.name in work}
@@ -93,8 +100,15 @@ class ElasticGoodputPolicy(SiaPolicy):
         goodput = {((t, g),): v for (t, g), v in self._goodputs(job, types, counts, per_node).items()}
         if len(types) > 1 and self.spans_types(job):
             goodput.update(self._pairs(job, types, counts, per_node, goodput))
-        least = min((v for v in goodput.values() if v > 0), default=1.0) / self._weights.get(job.name, 1.0)
-        return {c: v / least for c, v in goodput.items() if v > 0}
+        least = min((v for v in goodput.values() if v > 0), default=1.0)
+        weight = self._weights.get(job.name, 1.0)
+        if self.weigh_types:
+            return {c: v * weight / least for c, v in goodput.items() if v > 0}
+        base = {}  # GPU type -> the job's least value on it (its fastest, in a pair)
+        for c, v in goodput.items():
+            if v > 0:
+                base[c[0][0]] = min(base.get(c[0][0], v), v)
+        return {c: (base[c[0][0]] + weight * (v - base[c[0][0]])) / least for c, v in goodput.items() if v > 0}
 
     def spans_types(self, job) -> bool:
         """A job that may mix types, of more than one GPU, where D2 is cheap or paid anyway (it runs at D2 on one
@@ -133,8 +147,16 @@ class ElasticGoodputPolicy(SiaPolicy):
         return out
 
 
-def remaining_work(job):
+def remaining_work(job, types=()):
     """GPU-seconds a job has left, extrapolated from what it held for its share done; None before it progresses
-    (or for a job of unknown length)."""
+    (or for a job of unknown length). With the cluster's GPU `types`, seconds of one of them fastest for the job: a
+    second held on a slower type counts as the share of one on the fastest that its one-GPU throughput is."""
     done = job.done if getattr(job, "app", None) is not None else 0.0
-    return job.attained * (1 - done) / done if 0 < done < 1 and job.attained > 0 else None
+    if not 0 < done < 1:
+        return None
+    held = job.attained
+    if types and job.attained_on:
+        speed = {t: one_gpu_throughput(job.app, t) for t in {*types, *job.attained_on}}
+        fastest = max(speed.values())
+        held = sum(seconds * speed[t] / fastest for t, seconds in job.attained_on.items())
+    return held * (1 - done) / done if held > 0 else None
