@@ -40,9 +40,12 @@ BASELINES = ("sia", "sia-inplace")
 # No `-no-mixed`: a sampled job does not say it may mix GPU types, so elastic-goodput keeps it on one type anyway.
 ABLATIONS = ("elastic-goodput-no-fast-growth", "elastic-goodput-sia-objective", "elastic-goodput-no-remaining")
 CELLS = [(shape, load) for shape in SHAPES for load in LOADS]
-# Settings of elastic-goodput not (yet) its own, judged here on the decision draws: an age bound on Smith's weight.
+# Settings of elastic-goodput not (yet) its own, judged here on the decision draws: an age bound on Smith's weight,
+# remaining work in seconds of the job's fastest GPU type, the weight on growth only (not on a job's GPU type).
 CANDIDATES = {f"{JUDGED}-age-{hours}h": (lambda hours=hours: ElasticGoodputPolicy(age_s=hours * 3600.0))
               for hours in (2, 6)}
+CANDIDATES[f"{JUDGED}-typed-work"] = lambda: ElasticGoodputPolicy(typed_work=True)
+CANDIDATES[f"{JUDGED}-growth-weight"] = lambda: ElasticGoodputPolicy(weigh_types=False)
 
 
 def seed_of(split, cell, k) -> int:
@@ -103,20 +106,21 @@ def ratios(figures, split, cell, draws, num, den, metric="avg") -> np.ndarray:
     return np.array([figures[a][metric] / figures[b][metric] for a, b in keys if a in figures and b in figures])
 
 
-RATIOS = (("sia",), ("sia-inplace",), ("sia", "p99"), ("sia", "makespan"))  # elastic-goodput over: (baseline, metric)
+RATIOS = (("sia",), ("sia-inplace",), ("sia-inplace", "p99"), ("sia-inplace", "makespan"))  # EG over: (whom, metric)
 
 
 def goals(pooled) -> None:
-    """Each goal of the validation met or missed, and by how much where missed."""
+    """Each goal of the validation met or missed: elastic-goodput's average JCT below sia-inplace's (Sia given the
+    runtime's in-place scaling) on 90 % of draws and at every shape's median draw, its p99 no worse and its makespan
+    within 2 % at the median draw."""
     if not len(pooled["all", ""][0]):
         return
-    sia, inplace, p99, makespan = pooled["all", ""]
-    lines = [(f"elastic-goodput below sia-inplace on >= 90 % of draws: {np.mean(inplace < 1):.0%}", np.mean(inplace < 1) >= 0.9),
-             (f"elastic-goodput / sia-inplace <= 0.95 at the median: {np.median(inplace):.3f}", np.median(inplace) <= 0.95),
-             (f"p99 / Sia's <= 1 at the median: {np.median(p99):.3f}", np.median(p99) <= 1),
-             (f"makespan / Sia's <= 1 at the median: {np.median(makespan):.3f}", np.median(makespan) <= 1)]
-    lines += [(f"elastic-goodput / sia <= 0.85 at the median on {shape}: {np.median(v[0]):.3f}", np.median(v[0]) <= 0.85)
-              for (shape, load), v in pooled.items() if load == "all" and len(v[0])]
+    _, inplace, p99, makespan = pooled["all", ""]
+    lines = [(f"below sia-inplace on >= 90 % of draws: {np.mean(inplace < 1):.0%}", np.mean(inplace < 1) >= 0.9),
+             (f"p99 / sia-inplace's <= 1 at the median: {np.median(p99):.3f}", np.median(p99) <= 1),
+             (f"makespan / sia-inplace's <= 1.02 at the median: {np.median(makespan):.3f}", np.median(makespan) <= 1.02)]
+    lines += [(f"below sia-inplace at the median on {shape}: {np.median(v[1]):.3f}", np.median(v[1]) < 1)
+              for (shape, load), v in pooled.items() if load == "all" and shape != "all" and len(v[1])]
     print()
     for text, met in lines:
         print(f"- {'met' if met else 'MISSED'}: {text}")
@@ -132,8 +136,8 @@ def spread(values) -> str:
 
 def tables(figures, split, draws, policies) -> None:
     print(f"\n{split} draws ({draws} per cell); ratios of avg JCT unless named: median [10th, 90th percentile]\n")
-    print("| shape | load | draws | EG / sia | EG / sia-inplace | EG below sia-inplace | p99: EG / sia | "
-          "makespan: EG / sia |")
+    print("| shape | load | draws | EG / sia | EG / sia-inplace | EG below sia-inplace | p99: EG / sia-inplace | "
+          "makespan: EG / sia-inplace |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}  # (shape, load) -> the four ratios' arrays over the cell's draws
     for cell, (shape, load) in enumerate(CELLS):
@@ -144,7 +148,7 @@ def tables(figures, split, draws, policies) -> None:
     for (shape, load), members in groups:
         sia, inplace, p99, makespan = (np.concatenate([m[i] for m in members]) for i in range(len(RATIOS)))
         below = f"{np.mean(inplace < 1):.0%}" if len(inplace) else "-"
-        print(f"| {shape} | {load} | {len(sia)} | {spread(sia)} | {spread(inplace)} | {below} | {spread(p99)} | "
+        print(f"| {shape} | {load} | {len(inplace)} | {spread(sia)} | {spread(inplace)} | {below} | {spread(p99)} | "
               f"{spread(makespan)} |")
         pooled[shape, load] = sia, inplace, p99, makespan
     goals(pooled)
