@@ -28,12 +28,13 @@ POLICIES = {  # what a user picks (`--policy`)
     "easyscale-homo": lambda seed: EasyScalePolicy(heterogeneous=False),
     "saxena": lambda seed: SaxenaPolicy(),
     "sia": lambda seed: SiaPolicy(),
+    # Sia given this runtime's in-place scaling: a change costs about a second, not a restart
+    "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True, name="sia-inplace"),
     "icefrog": lambda seed: IceFrogPolicy(),
     "elastic-goodput": lambda seed: ElasticGoodputPolicy(),
 }
 EXPERIMENTS = {  # ablations, each a policy above with one idea taken out or added (BENCHMARKS.md's tables)
     "saxena-fixed": lambda seed: SaxenaPolicy(adaptive_batch=False),
-    "sia-inplace": lambda seed: SiaPolicy(restart_s=REALLOCATION_S, in_place=True),
     "elastic-goodput-pairs-only": lambda seed: ElasticGoodputPolicy(fast_growth=False, utility=False, remaining=False,
                                                                     in_place=False, name="elastic-goodput-pairs-only"),
     "elastic-goodput-no-mixed": lambda seed: ElasticGoodputPolicy(mixed=False),
