@@ -2,7 +2,8 @@
 load), and each job's JCT difference split into its wait (arrival to first start) and its run (first start to end),
 summed over jobs grouped by length (the job's lower limit on its JCT alone on the cluster, sched.bound) and by the
 GPUs it asked for, with the GPU-hours each group was given, the GPUs it held on average while it ran, and its changes
-in place: grown, shrunk, moved (the same number elsewhere); a resume after a suspension counts apart. A group's share
+in place: grown, shrunk, moved (the same number elsewhere); a resume after a suspension counts apart; and the
+GPU-hours each length group was given on each GPU type (from each round's decisions). A group's share
 of the loss says which jobs pay, its wait or run how: a wait is the policy's order (whom it starts first), a run its
 sizes and moves.
 
@@ -24,6 +25,7 @@ from easyscale_ext.sched.models.cluster import SHAPES, Cluster
 from easyscale_ext.sched.models.sampler import sample_workload
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.policies import RUNNABLE
+from easyscale_ext.sched.policies.sia import config_of
 from easyscale_ext.sched.simulator import SIA_RESTARTS, simulate
 
 _apps = None
@@ -37,17 +39,34 @@ def specs_of(data, shape, load, seed):
 
 
 def simulate_one(task) -> tuple:
-    """(seed, policy, {job: (arrival, first start, completion, GPUs asked, GPU-seconds, changes)}), changes a
-    Counter of grow, shrink, move and resume."""
-    data, shape, load, seed, policy = task
+    """(seed, policy, {job: (arrival, first start, completion, GPUs asked, GPU-seconds, changes, GPU-seconds by
+    type)}), changes a Counter of grow, shrink, move and resume."""
+    data, shape, load, seed, name = task
     cluster, specs = specs_of(data, shape, load, seed)
-    result = simulate(specs, RUNNABLE[policy](0), cluster, _apps, SIA_RESTARTS)
+    policy = RUNNABLE[name](0)
+    decided = []  # (time, {job: ((GPU type, GPUs), ...)}) of each round: a simulated run's segments say no type
+    optimize = policy.optimize
+
+    def recorded(now, jobs, cluster, allocations):
+        out = optimize(now, jobs, cluster, allocations)
+        decided.append((now, {job: config_of(alloc, cluster) for job, alloc in out.items() if alloc}))
+        return out
+
+    policy.optimize = recorded
+    result = simulate(specs, policy, cluster, _apps, SIA_RESTARTS)
     held = defaultdict(list)  # job -> its segments (start, end, GPUs), in time order
     for job, start, end, gpus in sorted(result.segments, key=lambda s: s[1]):
         held[job].append((start, end, gpus))
     changes = {job: Counter(change_of(a, b) for a, b in zip(spans, spans[1:])) for job, spans in held.items()}
-    return seed, policy, {j["name"]: (j["arrival"], j["start"], j["completion"], j["gpus_asked"], j["gpu_seconds"],
-                                      changes.get(j["name"], Counter())) for j in result.jobs}
+    completion = {j["name"]: j["completion"] for j in result.jobs}
+    on_type = defaultdict(Counter)  # job -> GPU type -> GPU-seconds, as decided from each round to the next
+    for (begin, configs), (until, _) in zip(decided, decided[1:] + [(max(completion.values()), {})]):
+        for job, config in configs.items():
+            for gpu_type, gpus in config:
+                on_type[job][gpu_type] += gpus * max(min(until, completion[job]) - begin, 0.0)
+    return seed, name, {j["name"]: (j["arrival"], j["start"], j["completion"], j["gpus_asked"],
+                                    j["gpu_seconds"], changes.get(j["name"], Counter()), on_type[j["name"]])
+                        for j in result.jobs}
 
 
 def change_of(before, after) -> str:
@@ -115,7 +134,7 @@ def main():
         print(f"| {seed} | {len(mine)} | {jct[a] / 3600:.3f} | {jct[b] / 3600:.3f} | {jct[a] / jct[b]:.3f} |")
     def row():
         return {"jobs": 0, "lost": 0.0, "wait": 0.0, "run": 0.0, "gpu": [0.0, 0.0], "ran": [0.0, 0.0],
-                0: Counter(), 1: Counter()}
+                0: Counter(), 1: Counter(), "types": [Counter(), Counter()]}
 
     by_length, by_size = defaultdict(row), defaultdict(row)
     for job, f in jobs.items():
@@ -129,10 +148,17 @@ def main():
                 r["gpu"][i] += f[p][4]
                 r["ran"][i] += f[p][2] - f[p][1]
                 r[i].update(f[p][5])
+                r["types"][i].update(f[p][6])
     total = sum(r["lost"] for r in by_length.values())
     print(f"\nJCT A - B summed over every job: {total / 3600:.2f} h (positive: A loses)")
     table("by length (alone on the cluster, at best)", sorted(by_length.items()), total)
     table("by GPUs asked", sorted(by_size.items(), key=lambda kv: int(kv[0].split()[0])), total)
+    types = list(dict.fromkeys(Cluster.parse(SHAPES[args.shape]).types))
+    print("\nGPU-hours on each type, A / B, by length (as decided round by round)\n")
+    print("| group | " + " | ".join(types) + " |\n|---|" + "---:|" * len(types))
+    for name, r in sorted(by_length.items()):
+        print(f"| {name} | " + " | ".join(f"{r['types'][0][t] / 3600:.0f} / {r['types'][1][t] / 3600:.0f}"
+                                         for t in types) + " |")
 
 
 if __name__ == "__main__":
