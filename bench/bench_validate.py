@@ -118,7 +118,8 @@ def goals(pooled) -> None:
     _, inplace, p99, makespan = pooled["all", ""]
     lines = [(f"below sia-inplace on >= 90 % of draws: {np.mean(inplace < 1):.0%}", np.mean(inplace < 1) >= 0.9),
              (f"p99 / sia-inplace's <= 1 at the median: {np.median(p99):.3f}", np.median(p99) <= 1),
-             (f"makespan / sia-inplace's <= 1.02 at the median: {np.median(makespan):.3f}", np.median(makespan) <= 1.02)]
+             (f"makespan / sia-inplace's <= 1.02 at the median: {np.median(makespan):.3f}",
+              np.median(makespan) <= 1.02)]
     lines += [(f"below sia-inplace at the median on {shape}: {np.median(v[1]):.3f}", np.median(v[1]) < 1)
               for (shape, load), v in pooled.items() if load == "all" and shape != "all" and len(v[1])]
     print()
@@ -177,8 +178,8 @@ def main():
     parser.add_argument("--split", choices=list(SPLITS), required=True)
     parser.add_argument("--draws", type=int, default=4, help=f"draws per cell of {len(CELLS)} (default 4)")
     parser.add_argument("--policies", default=",".join((JUDGED, *BASELINES, *ABLATIONS)),
-                        help="comma-separated, of sched.policies.RUNNABLE and CANDIDATES (default: elastic-goodput, the "
-                             "baselines and the ablations)")
+                        help="comma-separated, of sched.policies.RUNNABLE and CANDIDATES (default: elastic-goodput, "
+                             "the baselines and the ablations)")
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--json", required=True, help="figures kept here, read back on a rerun")
     parser.add_argument("--data", default=None)

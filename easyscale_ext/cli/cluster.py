@@ -34,7 +34,10 @@ def add_parsers(sub) -> None:
     q.add_argument("--slots-per-node", "--slots", dest="slots", default=None, metavar="K[:TYPE][,K:TYPE...]",
                    help="when Ray is started here: a node per entry, with K slots standing for the device TYPE "
                         "(default: one node, this machine's CPU count, of --slot-type); e.g. 4:t4,4:a100")
-    q.add_argument("--policy", default="fifo", help=f"the scheduling policy (default fifo): {', '.join(POLICIES)}")
+    q.add_argument("--policy", default="fifo", help=f"the scheduling policy: {', '.join(POLICIES)} (default fifo, "
+                   "which, as yarn-cs and tiresias, needs no --application; for jobs that name theirs, "
+                   "elastic-goodput for the lowest average JCT, sia-inplace for the lowest p99 JCT and makespan: "
+                   "BENCHMARKS.md)")
     q.add_argument("--round", type=float, default=60.0, metavar="SECONDS", help="seconds per round (default 60)")
     q.add_argument("--no-preempt", dest="preempt", action="store_false",
                    help="never suspend a job: a reservation takes only slots above the jobs' minimums")
