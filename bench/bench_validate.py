@@ -3,14 +3,15 @@
 draws, on which each design choice is judged, and verdict draws, on which the policy is reported. No two splits
 share a draw: a draw's seed is its split's base plus 1,000 x its cell (shape, load) plus its index. A verdict split
 that has judged a policy has been looked at: a later change decides on a fresh decision split and is judged on a fresh
-verdict split (`decide-2`, `verdict-2`). The --json file says which split and role its figures are of, and their
-seeds.
+verdict split (`decide-2`, `verdict-2`); `verdict-2` has judged elastic-goodput too (BENCHMARKS.md), so a change
+after it needs splits of its own. The --json file says which split and role its figures are of, and their seeds.
 
 Job model: Sia's workloads' (Sia's per-application restarts; runs in place where the policy does), as bench_fair.py.
 
   python bench/bench_validate.py --split decide --json decide.json    # the choices, on the decision draws
   python bench/bench_validate.py --split verdict --json verdict.json  # the verdict, on draws used for nothing else
   python bench/bench_validate.py --split decide-2 --json decide2.json # a second round's choices, on fresh draws
+  python bench/bench_validate.py --split verdict-2 --json verdict2.json --policies elastic-goodput,sia,sia-inplace
 
 Each simulation runs in a worker process, --procs at a time. --json keeps every figure as it comes (a rerun with
 the same file simulates only what it lacks), and the tables are printed from it at the end.
