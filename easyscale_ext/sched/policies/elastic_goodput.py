@@ -103,7 +103,8 @@ class ElasticGoodputPolicy(SiaPolicy):
         least = min((v for v in goodput.values() if v > 0), default=1.0)
         weight = self._weights.get(job.name, 1.0)
         if self.weigh_types:
-            return {c: v * weight / least for c, v in goodput.items() if v > 0}
+            scale = least / weight  # as v * weight / least, in the pinned runs' order of operations
+            return {c: v / scale for c, v in goodput.items() if v > 0}
         base = {}  # GPU type -> the job's least value on it (its fastest, in a pair)
         for c, v in goodput.items():
             if v > 0:
