@@ -9,7 +9,7 @@ parts:
   leaves. A started job costs a supervisor process that imports torch (seconds of this machine's two cores), so
   10,000 of them would take hours;
 - `--finished` real jobs (default 100; bench/cluster_job.py, 2 steps of an EasyScaleDDP job of 4 virtual workers on
-  one process) run to the end, in waves of 20: these also go through the supervisors, the models' following of
+  one process) run to the end, in waves of 20: these also go through the supervisors, the records taking their
   measured progress and the policy's per-job state of running jobs.
 
     python bench/bench_memory.py                        # 10,000 queued and 100 finished jobs, elastic-goodput

@@ -4,18 +4,18 @@ decisions carried out on Ray through the jobs' supervisors.
 Between rounds the scheduler looks at nothing: it wakes for a round when one is due, when a verb asks (a submission,
 slots come free), or when the one call it keeps waiting on each supervisor (`until_ended`) returns, the job's run
 over, or fails, the supervisor dead. Supervisors tell it what changed as it happens (supervisor.JobSupervisor._tell).
-A round: those calls say which jobs ended, the news how far the others are; each job's model (the one a simulation
-would use, cluster.live) follows its real job; slots gone with their node or being reserved are cut from their jobs;
-the policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running
-jobs with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again
-after a suspension, gets a supervisor and starts on them; a running job whose slots change moves there in place
-(supervisor.place); a running job the policy stops is suspended: it saves a checkpoint at its next step boundary,
-leaves its slots and waits to resume wherever it gets slots (with `preempt=False`, `cluster start --no-preempt`, a
-running job keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes,
-whatever the timing of decisions, releases, reservations and failures. The node list is read once a round: a node lost
-takes its slots out of the next decision, and its jobs, recovered in place on their other slots, keep those. Every
-change of a job's slots is a decision of the round (sched.rounds), carried out here. What a job's state may become is
-lifecycle.py's; the job table enforces it.
+A round: those calls say which jobs ended, the news how far the others are, which goes into each job's model (the record
+a simulation would keep of it, cluster.live); slots gone with their node or being reserved are cut from their jobs; the
+policy (the object `easyscale simulate` runs, held to each job's limits by the round) sees the waiting and running jobs
+with their allocations, as indices of the nodes' available slots. A job given slots for the first time, or again after a
+suspension, gets a supervisor and starts on them; a running job whose slots change moves there in place
+(supervisor.place); a running job the policy stops is suspended: it saves a checkpoint at its next step boundary, leaves
+its slots and waits to resume wherever it gets slots (with `preempt=False`, `cluster start --no-preempt`, a running job
+keeps at least one slot instead). Slots are Ray resources, so a slot is never held by two processes, whatever the timing
+of decisions, releases, reservations and failures. The node list is read once a round: a node lost takes its slots out
+of the next decision, and its jobs, recovered in place on their other slots, keep those. Every change of a job's slots
+is a decision of the round (sched.rounds), carried out here. What a job's state may become is lifecycle.py's; the job
+table enforces it.
 """
 import logging
 import threading
@@ -72,9 +72,8 @@ class Tracked:
     news: Optional[Report] = None  # its supervisor's last report, as pushed
     placing: Dict[ray.ObjectRef, tuple] = field(default_factory=dict)  # its supervisor's place() calls not known to
     # have succeeded yet -> (whether it was the job's first, the supervisor asked)
-    followed: Optional[float] = None  # when its model last followed it
+    followed: Optional[float] = None  # when its model last took its report
     last_step: Optional[tuple] = None  # (time, step, its members' nodes if its model's) of its last progress report
-    step_s: Optional[float] = None  # seconds per step measured over its last round
 
     def listen(self, supervisor: ray.actor.ActorHandle, token: str, wake: threading.Event) -> None:
         """Follow `supervisor`'s news from now on, which carries `token`; `wake` is set when its run ends or it
@@ -87,7 +86,7 @@ class Tracked:
         """It holds no slot now: what its supervisor said goes; its model keeps its history (attained service,
         progress) for when it resumes."""
         self.supervisor, self.token, self.watch, self.news = None, None, None, None
-        self.placing, self.followed, self.last_step, self.step_s = {}, None, None, None
+        self.placing, self.followed, self.last_step = {}, None, None
         if self.model is not None:
             self.model.allocate({}, 0.0)
 
@@ -334,7 +333,7 @@ class RayCluster:
 
     def _follow(self, now: float) -> None:
         """From the supervisors' news: jobs that ended leave (their slots are free for this round), and the others'
-        models follow what they measured."""
+        models take what they measured (Job.report)."""
         watched = {r.watch: job_id for job_id, r in self.jobs.items() if r.watch is not None}
         resolved, _ = ray.wait(list(watched), num_returns=len(watched), timeout=0)
         ended = {watched[ref]: ref for ref in resolved}
@@ -377,12 +376,12 @@ class RayCluster:
                     else None
                 last = record.last_step
                 if held and last and last[2] == held and progress["step"] > last[1]:
-                    step_s = record.step_s = (progress["time"] - last[0]) / (progress["step"] - last[1])
+                    step_s = (progress["time"] - last[0]) / (progress["step"] - last[1])
                 record.last_step = (progress["time"], progress["step"], held)
             if following:
-                live.follow(model, now - self.t0, now - (record.followed or now), done, step_s, runs=bool(held))
+                model.report(now - (record.followed or now), done, step_s, runs=bool(held))
                 record.followed = now
-                self.table.update(job_id, step_s=record.step_s, history=live.history(model))  # status shows them
+                self.table.update(job_id, step_s=model.step_s, history=live.history(model))  # status shows them
 
     def _orphaned(self, job_id: str) -> None:
         """A job holding slots whose supervisor (the host of its store) is lost: its processes, which cannot go on

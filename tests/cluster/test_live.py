@@ -1,5 +1,5 @@
-"""Job models that follow real jobs (cluster.live): what a policy reads in cluster mode, held to the jobs' limits by
-the round, measured as the real jobs report."""
+"""The records a policy reads of real jobs (cluster.live): the models of a simulation of them, written by the jobs'
+reports (Job.report), held to the jobs' limits by the round."""
 from dataclasses import replace
 
 import pytest
@@ -47,7 +47,7 @@ def test_easyscale_spreads_a_d2_job_over_both_types_where_its_model_runs_it_fast
         for round_ in range(4):
             allocations = hold(policy, round_ * 5.0, [job], TWO_TYPES, allocations)
             live.place(job, TWO_TYPES.groups(allocations["j"]))
-            live.follow(job, round_ * 5.0 + 5.0, 5.0, runs=True)
+            job.report(5.0, runs=True)
         held[app] = sorted(allocations["j"])
     assert held == {"deepspeech2": [0, 0, 1, 1], "cifar10": [0, 0]}, held
 
@@ -66,22 +66,28 @@ def test_every_policy_runs_on_live_job_models_without_stopping_a_running_job(nam
             if decided.get(job.name, ()) != allocations.get(job.name, ()):
                 job.allocate(CLUSTER.groups(decided[job.name]), 0.0)
             if job.placement:
-                live.follow(job, round_ * 60.0 + 60, 60.0, done=0.2 * (round_ + 1), step_s=0.5)
+                job.report(60.0, done=0.2 * (round_ + 1), step_s=0.5)
         allocations = decided
     assert allocations, f"{name} started no job"
 
 
-def test_a_model_follows_the_real_jobs_progress_and_step_time():
+def test_a_record_takes_the_real_jobs_progress_and_step_time_and_never_its_models():
+    """A report writes what the real job measured, and nothing of the simulated model: an hour on 2 T4s at twice
+    the profiled step time is half of its steps, whatever the model would have run; only the real job ends it."""
     apps = Applications(data_dir())
     job = live.job_model("j", 0.0, 4, 4, apps["cifar10"])
     job.allocate({"t4": (2,)}, 0.0)
     modelled = job.iteration_time()
-    live.follow(job, 3600.0, 3600.0, done=0.5, step_s=2 * modelled)
+    job.report(3600.0, done=0.5, step_s=2 * modelled, runs=True)
     assert job.progress == 0.5 * job.app.noise.progress_at(job.epochs)
     assert job.app.noise.progress_at(job.epoch) <= job.progress < job.app.noise.progress_at(job.epoch + 1)
-    assert job.slowdown == 2.0 and job.completion is None
-    live.follow(job, 10 ** 7, 10 ** 7)  # far past the model's end: only the real job ends a job
-    assert job.completion is None and job.epoch == job.epochs - 1
+    assert job.step_s == 2 * modelled and job.attained == 7200.0 and job.attained_on == {"t4": 7200.0}
+    job.report(10 ** 7, runs=True)  # far past the model's end, no progress reported: as it was
+    assert job.progress == 0.5 * job.app.noise.progress_at(job.epochs) and job.completion is None
+    job.report(60.0, done=1.0)  # its last step is done: it runs its last epoch until the real job has ended
+    assert job.completion is None and job.epoch == job.epochs - 1 and job.step_s == 2 * modelled
+    job.allocate({"t4": (4,)}, 0.0)
+    assert job.step_s is None  # measured on other slots
 
 
 def test_a_model_seen_running_has_measured_its_slots_at_once():
@@ -90,9 +96,9 @@ def test_a_model_seen_running_has_measured_its_slots_at_once():
     apps = Applications(data_dir())
     job = live.job_model("j", 0.0, 4, 4, apps["cifar10"])
     live.place(job, {"t4": (2,)})
-    live.follow(job, 10.0, 10.0)  # still starting
+    job.report(10.0)  # still starting
     assert job.reallocating and not job.observed
-    live.follow(job, 30.0, 20.0, done=0.1, runs=True)
+    job.report(20.0, done=0.1, runs=True)
     assert not job.reallocating and job.configuration in job.observed and job.grad is not None
 
 

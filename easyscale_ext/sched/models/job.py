@@ -1,4 +1,8 @@
-"""Jobs as the simulator advances them: allocation bookkeeping, and how fast each kind of job progresses.
+"""Jobs: the record a policy reads of each job (its allocation, service, progress, epoch, measurements), and how
+fast each kind of job progresses where the simulator advances it.
+
+A record has one writer per backend: the simulator's model of the job (`advance`), or in cluster mode what the real
+job reported (`report`); neither overwrites the other's fields.
 
 An AppJob is one of the profiled applications: it progresses at its measured step time on its placement times
 the statistical efficiency of its batch size, until it has run its epochs. A VirtualWorkerJob is an AppJob of
@@ -39,6 +43,7 @@ class Job:
         self.joining = None  # a Joining: an in-place change waiting for its new processes and its step (allocate_after)
         self.report_at = 0.0  # its progress at its first report on its allocation (reported_steps)
         self.completion = None
+        self.step_s = None  # seconds per step its real job measured on its slots (cluster mode's reports)
         self.attained = 0.0  # GPU-seconds held
         self.attained_on = {}  # GPU type -> GPU-seconds held on it running (not joiners' GPUs while they prepare)
         self.run_s = 0.0  # seconds holding GPUs
@@ -99,6 +104,7 @@ class Job:
         if len(self.groups) > 1 and not self.spec.heterogeneous:
             raise ValueError(f"{self.name} may not mix GPU types ({sorted(self.groups)}): it does not allow D2")
         self.delay_left = float(delay) if self.placement else 0.0
+        self.step_s = None  # measured on other slots
         if self.placement:
             self.starts += 1
             self._configure()
@@ -159,10 +165,26 @@ class Job:
             used += out
             if self.exit_left <= 0:
                 self.completion = now + used
-        self.attained += used * self.num_gpus
+        self._hold(used)
+
+    def _hold(self, seconds):
+        """Count `seconds` of service on its GPUs."""
+        self.attained += seconds * self.num_gpus
         for gpu_type, per_node in self.groups.items():
-            self.attained_on[gpu_type] = self.attained_on.get(gpu_type, 0.0) + used * sum(per_node)
-        self.run_s += used
+            self.attained_on[gpu_type] = self.attained_on.get(gpu_type, 0.0) + seconds * sum(per_node)
+        self.run_s += seconds
+
+    def report(self, seconds, done=None, step_s=None, runs=False):
+        """What its real job did over the last `seconds`, on the slots it holds: `done`, the share of its steps run
+        (None: unknown); `step_s`, its seconds per step measured there; `runs`, whether it trains on every one of
+        them (its start or its joiners' preparation is over). Only the real job says when it ends."""
+        if not self.placement:
+            return
+        if runs:
+            self.delay_left = 0.0
+        self._hold(seconds)
+        if step_s is not None:
+            self.step_s = step_s
 
     def _configure(self):
         """Choose how to run on the new placement."""
@@ -182,7 +204,8 @@ def _left(seconds, spent):
 
 
 class TraceJob(Job):
-    """A rigid job of known duration."""
+    """A job known by its duration on the GPUs it asked for, on which it runs: rigid, unless its spec declares limits
+    (a real job of unknown length, which the cluster may run on any number of slots within them)."""
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -193,9 +216,12 @@ class TraceJob(Job):
         return self.spec.duration
 
     def _configure(self):
-        if self.num_gpus != self.spec.num_gpus:
-            raise ValueError(f"{self.name} is a trace job that runs on exactly {self.spec.num_gpus} GPUs, "
+        spec = self.spec
+        if spec.max_gpus is None and self.num_gpus != spec.num_gpus:
+            raise ValueError(f"{self.name} is a trace job that runs on exactly {spec.num_gpus} GPUs, "
                              f"not {self.num_gpus}")
+        if spec.max_gpus is not None and not spec.min_gpus <= self.num_gpus <= spec.max_gpus:
+            raise ValueError(f"{self.name} runs on {spec.min_gpus} to {spec.max_gpus} GPUs, not {self.num_gpus}")
 
     def _rate(self) -> float:
         return 1.0
@@ -326,6 +352,16 @@ class AppJob(Job):
             compute, exchange, _ = self.freezing_factors()
             step, sync = (step - sync) * compute + sync * exchange, sync * exchange
         return step + self.accum_steps * (step - sync)
+
+    def report(self, seconds, done=None, step_s=None, runs=False):
+        super().report(seconds, done, step_s, runs)
+        if done is not None:
+            noise = self.app.noise
+            self.progress = min(done, 1.0) * noise.progress_at(self.epochs)
+            self.epoch = min(sum(noise.progress_at(e + 1) <= self.progress for e in range(self.epochs)),
+                             self.epochs - 1)  # its last epoch runs until the real job ends
+        if runs and self.placement:
+            self.iteration_time()  # its agent's measurement there, from the profile the real job's step time follows
 
     def _rate(self) -> float:
         batch = self.global_batch
