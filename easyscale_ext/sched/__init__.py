@@ -1,12 +1,16 @@
 """The trace-driven cluster-scheduling simulator (docs/SCHEDULER.md).
 
-What it owns:
+What it owns (everything here serves the simulator and the cluster's scheduler alike):
     models/      jobs and the cluster as measured traces describe them: applications' step times and gradient
-                 noise, throughput and goodput models, workloads, the cluster, the jobs the simulator advances,
-                 and where the traces are found
+                 noise, throughput and goodput models, workloads, the cluster, the job records policies read (which
+                 the simulator advances, or the cluster's reports write), and where the traces are found
     policies/    one module per scheduling policy, their shared base, and the registry POLICIES
-    simulator    the event loop: arrivals, rounds, (re)allocation delays, completions, invariants
-    lifecycle    what a job's life can be: its states and the moves between them (the cluster's job table too)
+    rounds       the one scheduling loop both backends run: a round's view, the policy's decision, typed changes
+    limits       every decision held to each job's limits (and, without preemption, running jobs kept running)
+    ledger       who held how many GPUs when, each job's starts: one account for both backends
+    simulator    the simulated backend: arrivals, (re)allocation delays, completions, invariants
+    costs        what a real runtime's starts, exits, joins and suspensions cost, for a simulation to charge
+    bound        a lower limit on a workload's average JCT under the job model, whatever the policy
     metrics      JCT, makespan, utilisation and finish-time fairness of a run
     plots        Gantt chart, JCT CDF, GPUs over time, a summary per policy
     data/        the measured traces and workloads it ships (data/README.md: what, from where, licenses)

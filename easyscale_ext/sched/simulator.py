@@ -118,10 +118,10 @@ class SimulatedCluster:
         self.jobs, self.policy, self.cluster, self.config, self.progress = jobs, policy, cluster, config, progress
         self.costs = costs
         self.in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
-        # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue.
-        self.active, self.running = {}, {}  # name -> job: arrived and unfinished (arrival order); holding GPUs
-        self.paused = {}  # name -> progress when it last held no GPUs: it must be the same when it gets GPUs again
-        self.leaving = {}  # name -> when a preempted job has left its GPUs (suspend_s): the policy sees it again then
+        # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue. Each
+        # job's state is its record's (models.job); these index the records by name.
+        self.active, self.running = {}, {}  # arrived and unfinished (arrival order); holding GPUs
+        self.leaving = {}  # preempted, leaving their GPUs until their `leaves_at` (suspend_s): out of the policy's view
         self.allocations, self.records, self.ledger = {}, [], Ledger()
         self.times, self.gpus_used, self.num_active = [], [], []
         self.now, self.arrived, self.idle = 0.0, 0, 0
@@ -141,8 +141,8 @@ class SimulatedCluster:
                 step = min(step, jobs[self.arrived].arrival + self.lag - now)
             if costs.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
                 if self.leaving:
-                    poll = costs.completion_poll_s
-                    step = min(step, math.ceil(round((min(self.leaving.values()) - now) / poll, 9)) * poll)
+                    poll, left = costs.completion_poll_s, min(j.leaves_at for j in self.leaving.values())
+                    step = min(step, math.ceil(round((left - now) / poll, 9)) * poll)
                 step = _advance_to_a_completion(self.running.values(), now, step, costs)
             else:
                 _advance(self.running.values(), now, step, costs)
@@ -150,7 +150,7 @@ class SimulatedCluster:
         self.now = now
         while self.arrived < len(jobs) and jobs[self.arrived].arrival + self.lag <= now:
             job = jobs[self.arrived]
-            self.active[job.name], self.paused[job.name] = job, job.progress
+            self.active[job.name], job.stopped_at = job, job.progress
             self.arrived += 1
         for job in [j for j in self.running.values() if j.completion is not None]:
             self.records.append(_record(job, self.ledger.first_start.get(job.name)))
@@ -158,7 +158,7 @@ class SimulatedCluster:
             del self.active[job.name], self.running[job.name], self.allocations[job.name]
             if self.progress is not None:
                 self.progress.update(1)
-        self.leaving = {name: t for name, t in self.leaving.items() if t > now + 1e-9 and name in self.active}
+        self.leaving = {name: j for name, j in self.leaving.items() if j.leaves_at > now + 1e-9 and name in self.active}
         return now
 
     def deciding(self):
@@ -185,7 +185,7 @@ class SimulatedCluster:
         suspended = Counter(n for change in changes if not change.new for n in change.old)
         for change in changes:
             name, old, alloc, job = change.job, change.old, change.new, self.active[change.job]
-            if config.check and name in self.paused and job.progress != self.paused[name]:
+            if config.check and job.stopped_at is not None and job.progress != job.stopped_at:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
             delay = reallocation_cost(job, old, alloc, cluster, config, self.in_place) if alloc else 0.0
@@ -198,13 +198,12 @@ class SimulatedCluster:
                 job.allocate(cluster.groups(alloc), delay + wait, starts=not (self.in_place and old))
             self.ledger.held(now, name, len(alloc))
             if alloc:
-                self.running[name] = job
-                self.paused.pop(name, None)
+                self.running[name], job.stopped_at = job, None
             else:
                 del self.running[name]
-                self.paused[name] = job.progress
+                job.stopped_at = job.progress
                 if costs.suspend_s:
-                    self.leaving[name] = now + costs.suspend_s
+                    job.leaves_at, self.leaving[name] = now + costs.suspend_s, job
 
     def account(self, now, held):
         self.allocations = decided = held  # the same, in the order of the policy, which reads it next round

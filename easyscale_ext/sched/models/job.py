@@ -42,6 +42,8 @@ class Job:
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
         self.joining = None  # a Joining: an in-place change waiting for its new processes and its step (allocate_after)
         self.report_at = 0.0  # its progress at its first report on its allocation (reported_steps)
+        self.stopped_at = None  # its progress while it holds no GPUs (simulated): the same when it gets some again
+        self.leaves_at = None  # when it has left the GPUs it was preempted from (simulated: RuntimeCosts.suspend_s)
         self.completion = None
         self.step_s = None  # seconds per step its real job measured on its slots (cluster mode's reports)
         self.attained = 0.0  # GPU-seconds held
