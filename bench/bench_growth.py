@@ -11,8 +11,9 @@ jobs, one line per GPU count).
 
     python bench/bench_growth.py [--jobs 10 100 1000 10000] [--gpus 64 512 4096] [--rounds 3] [--cap 30]
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
-    python bench/bench_growth.py --philly fifo,sia,... [--plot philly.png] [--json philly.json]
-                                 # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days
+    python bench/bench_growth.py --philly all [--budget 600] [--plot philly.png] [--json philly.json]
+                                 # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days, for
+                                 # every policy (or those named: --philly fifo,sia,...)
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
     python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 2000   # larger programs on LP terms
     python bench/bench_growth.py --philly sia --days 33   # the jobs of the first 33 days only, run to the end
@@ -20,13 +21,19 @@ jobs, one line per GPU count).
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
 application drawn per job by its GPU-hours (workload.with_applications), on Sia's three types in equal parts
 (T4s only, for a policy of one type). A run stops at `--budget` CPU seconds; it then says how far it got and what
-the whole trace would take at its rate so far. Its plot: each policy's CPU seconds against the simulated days.
+the whole trace would take at its rate so far. Each policy runs in a process of its own, forked once the trace is
+loaded: its peak resident memory (the simulator's and the policy's, trace included) is its own, and so is its resident
+memory after the busiest day (the most active jobs) against the end, which per-job state never pruned would grow. Its
+plot: each policy's CPU seconds against the simulated days.
 With `--days D` only the jobs that arrive in the trace's first D days run (a policy's decisions at this scale compared
 with an option's): each run that finishes reports its average and p99 JCT and makespan as well.
 """
 import argparse
 import itertools
 import json
+import multiprocessing
+import os
+import resource
 import signal
 import statistics
 import time
@@ -57,13 +64,21 @@ def _timeout(*_):
     raise TimeoutError
 
 
+def resident() -> int:
+    """This process's resident memory now, in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 class Timed:
     """`policy`, its optimize() calls timed (CPU seconds), with the time, the active jobs and the process's CPU
-    clock at each; the simulation ends after `rounds` of them (None: it runs on)."""
+    clock at each, and its resident memory at the first of each simulated day; the simulation ends after `rounds`
+    of them (None: it runs on)."""
 
     def __init__(self, policy, rounds=None):
         self.policy, self.rounds = policy, rounds
         self.seconds, self.times, self.active, self.clock = [], [], [], []
+        self.memory = {}  # simulated day -> resident bytes at its first round
 
     def __getattr__(self, name):
         return getattr(self.policy, name)
@@ -75,6 +90,7 @@ class Timed:
         self.times.append(now)
         self.active.append(len(jobs))
         self.clock.append(begin)
+        self.memory.setdefault(int(now // 86400), resident())
         if len(self.seconds) == self.rounds:
             raise Enough
         return decided
@@ -112,50 +128,74 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
             raise SystemExit(f"--days {days:g}: no job arrives that early; the trace's first arrives on day "
                              f"{first / 86400:.2f}")
     span = trace[-1].arrival
-    print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | "
-          "CPU s a round, last 1,000 | whole trace, CPU s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| policy | rounds | simulated | CPU s | of which deciding | active jobs, mean / most | CPU s a round, last "
+          "1,000 | whole trace, CPU s | peak RSS, MB | RSS after the busiest day / at the end, MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
+    fork = multiprocessing.get_context("fork")
     for name in names:
         specs = drawn if MADE[name](0).profiled else trace
-        cluster, t4_only = cluster_for(name, specs, 2400)
-        timed = Timed(MADE[name](0))
-        begin = time.process_time()
-        signal.setitimer(signal.ITIMER_PROF, budget)
+        reader, writer = fork.Pipe(duplex=False)
+        child = fork.Process(target=lambda: writer.send(_whole_run(name, specs, apps, budget, round_s, span)))
+        child.start()
+        writer.close()
         try:
-            jobs = simulate(specs, timed, cluster, apps).jobs
-            finished = True
-        except TimeoutError:
-            jobs, finished = [], False
-        finally:
-            signal.setitimer(signal.ITIMER_PROF, 0)
-        # The scheduler's exact CPU time; the timer counts tick-sampled user and system time, which on a loaded
-        # machine runs up to 5 % ahead of it (measured): a run stopped at its budget may record less than it.
-        cpu = time.process_time() - begin
-        reached = timed.times[-1] if timed.times else 0.0
-        last = timed.clock[-1000:] or [begin]
-        rate = (last[-1] - last[0]) / max(len(last) - 1, 1)
-        # Stopped: at least the rounds to the last arrival at the rate of the last 1,000 (the load varies by day).
-        whole = f"{cpu:.0f}" if finished else f">= {cpu + rate * max(span - reached, 0) / round_s:.0f}"
-        label = f"{name} (T4 only)" if t4_only else name
-        print(f"| {label} | {len(timed.seconds)} | {reached / 86400:.1f} d{'' if finished else ' (stopped)'} | "
-              f"{cpu:.0f} | {sum(timed.seconds):.0f} | {statistics.mean(timed.active or [0]):.0f} / {max(timed.active or [0])} | "
-              f"{rate:.3g} | {whole} |", flush=True)
-        # the CPU seconds at the first round of each simulated day, and at the end
-        days = {int(t // 86400): round(c - begin, 3) for t, c in zip(reversed(timed.times), reversed(timed.clock))}
-        results.append(dict(policy=label, finished=finished, rounds=len(timed.seconds), days=reached / 86400,
-                            cpu=cpu, deciding=sum(timed.seconds), whole=whole,
-                            curve=sorted(days.items()) + [(round(reached / 86400, 3), round(cpu, 3))]))
-        if finished:
-            jct, end = (np.array([j[k] for j in jobs]) for k in ("jct", "completion"))
-            results[-1].update(jobs=len(jobs), avg_jct=float(jct.mean()), p99_jct=float(np.percentile(jct, 99)),
-                               makespan=float(end.max() - min(j["arrival"] for j in jobs)))
+            results.append(reader.recv())
+        except EOFError:  # it printed why
+            raise SystemExit(f"{name}'s run of the trace failed") from None
+        child.join()
+    done = [r for r in results if r["finished"]]
     done = [r for r in results if r["finished"]]
     if done:
         print("\n| policy | jobs | avg JCT s | p99 JCT s | makespan s |\n|---|---:|---:|---:|---:|")
         for r in done:
             print(f"| {r['policy']} | {r['jobs']} | {r['avg_jct']:.2f} | {r['p99_jct']:.2f} | {r['makespan']:.0f} |")
     return results
+
+
+def _whole_run(name, specs, apps, budget, round_s, span) -> dict:
+    """One policy's run of the whole trace (whole_trace), in the process it was forked to: its row, printed, and its
+    figures."""
+    cluster, t4_only = cluster_for(name, specs, 2400)
+    timed = Timed(MADE[name](0))
+    begin = time.process_time()
+    signal.setitimer(signal.ITIMER_PROF, budget)
+    try:
+        jobs = simulate(specs, timed, cluster, apps).jobs
+        finished = True
+    except TimeoutError:
+        jobs, finished = [], False
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+    # The scheduler's exact CPU time; the timer counts tick-sampled user and system time, which on a loaded
+    # machine runs up to 5 % ahead of it (measured): a run stopped at its budget may record less than it.
+    cpu = time.process_time() - begin
+    end = resident()
+    # the kernel's high-water mark lags the pages counted per thread by a few pages: the largest of both
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, end, *timed.memory.values())
+    reached = timed.times[-1] if timed.times else 0.0
+    last = timed.clock[-1000:] or [begin]
+    rate = (last[-1] - last[0]) / max(len(last) - 1, 1)
+    # Stopped: at least the rounds to the last arrival at the rate of the last 1,000 (the load varies by day).
+    whole = f"{cpu:.0f}" if finished else f">= {cpu + rate * max(span - reached, 0) / round_s:.0f}"
+    busiest = int(timed.times[int(np.argmax(timed.active))] // 86400) if timed.times else 0
+    after = timed.memory.get(busiest + 1, end)  # the busiest day's end: the next day's first round
+    label = f"{name} (T4 only)" if t4_only else name
+    active = f"{statistics.mean(timed.active or [0]):.0f} / {max(timed.active or [0])}"
+    print(f"| {label} | {len(timed.seconds)} | {reached / 86400:.1f} d{'' if finished else ' (stopped)'} | "
+          f"{cpu:.0f} | {sum(timed.seconds):.0f} | {active} | {rate:.3g} | {whole} | {peak / 2 ** 20:.0f} | "
+          f"{after / 2 ** 20:.0f} / {end / 2 ** 20:.0f} (day {busiest}) |", flush=True)
+    # the CPU seconds at the first round of each simulated day, and at the end
+    days = {int(t // 86400): round(c - begin, 3) for t, c in zip(reversed(timed.times), reversed(timed.clock))}
+    result = dict(policy=label, finished=finished, rounds=len(timed.seconds), days=reached / 86400, cpu=cpu,
+                  deciding=sum(timed.seconds), whole=whole, peak_rss=peak, busiest_day=busiest, rss_after=after,
+                  rss_end=end, rss=sorted(timed.memory.items()),
+                  curve=sorted(days.items()) + [(round(reached / 86400, 3), round(cpu, 3))])
+    if finished:
+        jct, ends = (np.array([j[k] for j in jobs]) for k in ("jct", "completion"))
+        result.update(jobs=len(jobs), avg_jct=float(jct.mean()), p99_jct=float(np.percentile(jct, 99)),
+                      makespan=float(ends.max() - min(j["arrival"] for j in jobs)))
+    return result
 
 
 def plot_whole_trace(results, path) -> None:
@@ -192,7 +232,8 @@ def main():
     ap.add_argument("--policies", default=",".join(RUNNABLE))
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="")
-    ap.add_argument("--philly", default="", help="instead: these policies on Philly's whole trace, 300 x 8 GPUs")
+    ap.add_argument("--philly", default="", help="instead: these policies (all: every one) on Philly's whole trace, "
+                    "300 x 8 GPUs")
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
     ap.add_argument("--days", type=float, default=None,
                     help="with --philly: only the jobs arriving in the trace's first DAYS days, run to the end")
@@ -211,7 +252,11 @@ def main():
     data = data_dir()
     apps = Applications(data)
     if args.philly:
-        results = whole_trace(args.philly.split(","), data, apps, args.budget, days=args.days)
+        names = list(RUNNABLE) if args.philly == "all" else args.philly.split(",")
+        unknown = [n for n in names if n not in MADE]
+        if unknown:
+            ap.error(f"unknown --philly {', '.join(unknown)}: choose from all, {', '.join(RUNNABLE)}")
+        results = whole_trace(names, data, apps, args.budget, days=args.days)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)

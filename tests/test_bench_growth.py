@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from easyscale_ext.sched.policies import RUNNABLE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.slow
@@ -28,7 +30,7 @@ def test_the_grid_times_each_policys_rounds(tmp_path):
     assert "| saxena (T4 only) |" in out and (tmp_path / "grid.png").stat().st_size > 0
 
 
-def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_against_days(tmp_path):
+def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_and_memory_against_days(tmp_path):
     out = bench_growth("--philly", "fifo,saxena", "--budget", 2, "--json", tmp_path / "philly.json",
                        "--plot", tmp_path / "philly.png")
     results = json.loads((tmp_path / "philly.json").read_text())
@@ -38,6 +40,8 @@ def test_the_whole_trace_stops_at_its_budget_and_plots_cpu_against_days(tmp_path
         assert r["whole"].startswith(">= ") and float(r["whole"][3:]) >= round(r["cpu"]), r
         days, cpu = zip(*r["curve"])
         assert list(days) == sorted(days) and list(cpu) == sorted(cpu) and days[-1] == round(r["days"], 3)
+        # each in a process of its own: its peak resident memory, and what it holds each day, are its own
+        assert r["peak_rss"] >= max(rss for _, rss in r["rss"]) > 0 and [d for d, _ in r["rss"]][0] == 0, r
         assert f"| {r['policy']} | {r['rounds']} |" in out
     assert (tmp_path / "philly.png").stat().st_size > 0
 
@@ -51,3 +55,12 @@ def test_the_first_days_run_to_the_end_and_report_their_jcts(tmp_path):
     none = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_growth.py"), "--philly", "fifo",
                            "--days", "0"], capture_output=True, text=True, timeout=600)
     assert none.returncode != 0 and "--days 0: no job arrives that early" in none.stderr, none.stderr
+
+
+def test_all_runs_every_policy_and_an_unknown_one_is_named(tmp_path):
+    bench_growth("--philly", "all", "--budget", 0.3, "--json", tmp_path / "all.json")
+    results = json.loads((tmp_path / "all.json").read_text())
+    assert [r["policy"].removesuffix(" (T4 only)") for r in results] == list(RUNNABLE)
+    wrong = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_growth.py"), "--philly", "fifo,lifo"],
+                           capture_output=True, text=True, timeout=600)
+    assert wrong.returncode != 0 and "unknown --philly lifo: choose from all, fifo" in wrong.stderr, wrong.stderr
