@@ -6,8 +6,8 @@ Ray restarts, running each --policy in turn, while faults drawn with a seed stri
     node           a slot node removed, another added       scheduler   the scheduler's actor killed
     reservation    a slot reserved, given back GAP/2 .. GAP seconds later
 
-Checked: every job ends finished with its fixed-size run's SHA-256 (bits changed: 0), none is lost, and no job
-runs twice at once (every 0.25 s, the live processes of each job, read from /proc, must all talk to one store).
+Checked: every job ends finished with its fixed-size run's SHA-256 (bits changed: 0), none is lost (still live once
+no job has stepped for 10 minutes), and no job runs twice at once (every 0.25 s, the live processes of each job, read from /proc, must all talk to one store).
 Measured: for each fault, the time it cost = how long the jobs running when it struck took to get past the step
 they were at, less one step of the same seed's fault-free run (a job not hit: about 0); the table gives it by
 kind, beside the makespan and mean job time of both runs. Each job stands for a profiled application (the
@@ -244,11 +244,16 @@ class Chaos:
         for timer in self.releases:
             timer.join()
 
-    def finish(self, timeout: float):
+    def finish(self, stall: float):
+        """Wait for every job to end, or until no job has stepped or changed state for `stall` seconds: a job still
+        live then is lost. The jobs' statuses."""
         from easyscale_ext.cluster.lifecycle import LIVE
 
-        deadline = time.monotonic() + timeout
+        seen, deadline = None, None
         while any(self.latest(j)[1] in LIVE for j in self.ids):
+            now = [self.latest(j)[1:3] for j in self.ids]
+            if now != seen:
+                seen, deadline = now, time.monotonic() + stall
             if time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -268,7 +273,7 @@ def run(work: str, specs, seed: int, faults: int, gap: float, policy: str) -> di
     chaos = Chaos(work, specs, seed, policy)
     if faults:
         chaos.inject(faults, gap)
-    jobs = chaos.finish(timeout=600)
+    jobs = chaos.finish(stall=600)
     index = {job: i for i, job in enumerate(chaos.ids)}
     timeline = [chaos.timeline[job] for job in chaos.ids]
     ends = [next((t for t, state, _, _ in line if state in ("finished", "failed")), float("nan")) for line in timeline]
