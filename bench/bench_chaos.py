@@ -7,7 +7,8 @@ Ray restarts, running each --policy in turn, while faults drawn with a seed stri
     reservation    a slot reserved, given back GAP/2 .. GAP seconds later
 
 Checked: every job ends finished with its fixed-size run's SHA-256 (bits changed: 0), none is lost (still live once
-no job has stepped for 10 minutes), and no job runs twice at once (every 0.25 s, the live processes of each job, read from /proc, must all talk to one store).
+no job has stepped for 10 minutes), and no job runs twice at once (every 0.25 s, the live processes of each job,
+read from /proc, must all talk to one store).
 Measured: for each fault, the time it cost = how long the jobs running when it struck took to get past the step
 they were at, less one step of the same seed's fault-free run (a job not hit: about 0); the table gives it by
 kind, beside the makespan and mean job time of both runs. Each job stands for a profiled application (the
