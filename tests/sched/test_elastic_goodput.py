@@ -36,9 +36,9 @@ def test_in_place_policies_pay_the_pause_between_allocations_and_a_restart_after
     assert 29.5 < end[False] - end[True] < 59.0
 
 
-def test_ours_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
+def test_elastic_goodput_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
     # A job measured on 2 GPUs, restarted once, 40 s old: Sia's restart factor (40 - 30) / (40 + 30) = 1/7
-    # makes growing to 4 GPUs look worse than staying; at our 0.07 s the factor is ~1 and it grows.
+    # makes growing to 4 GPUs look worse than staying; at its 1 s the factor is ~1 and it grows.
     job = running(apps, "a", 2, "t4", seconds=40)
     job.starts = 2
     cluster, current = Cluster.parse("1x4:t4"), {"a": (0, 0)}
@@ -50,7 +50,7 @@ def test_ours_discounts_a_change_by_the_in_place_pause_not_a_restart(apps):
     assert len(policy.optimize(40, [job], cluster, current)["a"]) == 4
 
 
-def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps):
+def test_elastic_goodput_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps):
     """One GPU, a job on it and a new one, each worth 1 (normalised): a swap gains nothing and costs a suspension
     and a resume. Before, the solver broke the tie by job order: listed first, the new job took the GPU."""
     for app in ("cifar10", "bert"):
@@ -60,7 +60,7 @@ def test_ours_never_stops_a_running_job_for_a_waiting_one_of_the_same_value(apps
             assert ElasticGoodputPolicy().optimize(600, jobs, Cluster.parse("1x1:t4"), {"a": (0,)}) == {"a": (0,)}
 
 
-def test_ours_gives_more_gpus_to_the_job_nearer_its_end(apps):
+def test_elastic_goodput_gives_more_gpus_to_the_job_nearer_its_end(apps):
     """Two jobs alike but for their share done, 6 GPUs: one gets 4, the other 2. With the remaining-work weight
     the one with less work left gets 4, whichever it is and in whichever order the jobs are listed (without it,
     elastic-goodput-no-remaining gives the 4 to the same job whichever is nearer)."""
@@ -141,7 +141,7 @@ class TypesRecorded(ElasticGoodputPolicy):
 
 
 @pytest.mark.parametrize("declared", [False, True])
-def test_ours_spans_gpu_types_only_for_a_job_whose_workload_allows_it(apps, declared):
+def test_elastic_goodput_spans_gpu_types_only_for_a_job_whose_workload_allows_it(apps, declared):
     """BERT (D2 cheap) on 4 T4s and 4 2080Tis: declared heterogeneous (EasyScale's workload column), it runs on
     both types at once and ends sooner; a Pollux-format job says nothing and keeps to one type at a time."""
     spec = JobSpec("b", 0, 4, "bert", 384, heterogeneous=declared)

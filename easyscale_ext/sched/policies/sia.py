@@ -80,6 +80,7 @@ class SiaPolicy(Policy):
         self._seen = {}  # job -> its measurements already attributed to a type
         self._fits = {}  # (application, GPU type, frozenset of configurations) -> PerfParams
         self._solved = None  # the last program (_program's arguments and the offset) and its solution
+        self._shape = None  # the cluster's (GPUs, types) per node; its types, GPUs a node, configurations, GPUs a type
 
     def batch_size(self, spec, app):
         return app.max_batch_size if app is not None and app.single_gpu else None
@@ -87,9 +88,12 @@ class SiaPolicy(Policy):
     def optimize(self, now, jobs, cluster, allocations):
         jobs = list(jobs)
         self._record(jobs)
-        types = list(dict.fromkeys(cluster.types))
-        per_node = {t: max(g for g, u in zip(cluster.gpus, cluster.types) if u == t) for t in types}
-        counts = {t: gpu_counts(per_node[t], cluster.types.count(t)) for t in types}
+        if self._shape is None or self._shape[0] != (cluster.gpus, cluster.types):  # first, or a node lost or added
+            types = list(dict.fromkeys(cluster.types))
+            per_node = {t: max(g for g, u in zip(cluster.gpus, cluster.types) if u == t) for t in types}
+            counts = {t: gpu_counts(per_node[t], cluster.types.count(t)) for t in types}
+            self._shape = (cluster.gpus, cluster.types), types, per_node, counts, cluster.room(cluster.gpus)
+        _, types, per_node, counts, capacity = self._shape
         options, costs, forced = [], [], []  # one variable per (job, configuration: ((GPU type, GPUs), ...))
         for j, job in enumerate(jobs):
             alloc = allocations.get(job.name)
@@ -104,7 +108,7 @@ class SiaPolicy(Policy):
                 options.append((j, config))
                 costs.append(cost + (self.lambda_a if change else 0.0) - (self.stop_cost if current else 0.0))
                 forced.append(config == current and job.reallocating)  # no reallocation mid-restart or mid-join
-        chosen = self._solve(len(jobs), options, np.array(costs), np.array(forced), cluster.room(cluster.gpus))
+        chosen = self._solve(len(jobs), options, np.array(costs), np.array(forced), capacity)
         return self._place({jobs[j].name: config for j, config in chosen}, allocations, cluster)
 
     def _cost(self, value) -> float:
@@ -302,5 +306,7 @@ def config_of(alloc, cluster) -> tuple:
     counts = {}
     for node in alloc:
         counts[cluster.types[node]] = counts.get(cluster.types[node], 0) + 1
+    if len(counts) == 1:  # most are: the order of the cluster's types need not be found
+        return tuple(counts.items())
     order = list(dict.fromkeys(cluster.types))
     return tuple(sorted(counts.items(), key=lambda item: order.index(item[0])))
