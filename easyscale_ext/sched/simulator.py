@@ -12,7 +12,7 @@ here says "on" or "off" for every job (the ablation "Sia + in place"). Layer fre
 or `freezing` is "on" (models/freezing.py).
 """
 import math
-from collections import Counter
+from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
@@ -104,6 +104,7 @@ def simulate(specs, policy, cluster, apps, config=SimConfig(), progress=None, co
     for job in jobs:
         job.exit_s, job.exit_weight, job.reported_steps = costs.exit_s, costs.exit_weight, costs.reported_steps
     run = SimulatedCluster(jobs, policy, cluster, config, costs, progress)
+    del jobs  # the cluster holds those still to arrive: a finished job's model is dropped (its record stays)
     rounds.run(run, policy)
     return Result(policy.name, cluster.spec, dict(asdict(config), **asdict(costs)),
                   sorted(run.records, key=lambda r: (r["arrival"], r["name"])),
@@ -115,7 +116,8 @@ class SimulatedCluster:
     next arrival, completion or departure, where those start rounds), and the job models it advances."""
 
     def __init__(self, jobs, policy, cluster, config, costs, progress=None):
-        self.jobs, self.policy, self.cluster, self.config, self.progress = jobs, policy, cluster, config, progress
+        self.policy, self.cluster, self.config, self.progress = policy, cluster, config, progress
+        self.coming, self.total = deque(jobs), len(jobs)  # still to arrive (arrival order); all
         self.costs = costs
         self.in_place = policy.in_place if config.in_place == "policy" else config.in_place == "on"
         # Per round, the work is proportional to the jobs holding GPUs and to the changes, not to the queue. Each
@@ -124,21 +126,21 @@ class SimulatedCluster:
         self.leaving = {}  # preempted, leaving their GPUs until their `leaves_at` (suspend_s): out of the policy's view
         self.allocations, self.records, self.ledger = {}, [], Ledger()
         self.times, self.gpus_used, self.num_active = [], [], []
-        self.now, self.arrived, self.idle = 0.0, 0, 0
+        self.now, self.idle = 0.0, 0
         self.lag = costs.arrival_lag_s if costs.rounds_at_arrivals else 0.0
         self.keys = tuple(range(cluster.num_nodes))  # a node's key is its index
 
     def next_round(self):
-        config, costs, jobs, now = self.config, self.costs, self.jobs, self.now
-        if len(self.records) == len(jobs):
+        config, costs, coming, now = self.config, self.costs, self.coming, self.now
+        if len(self.records) == self.total:
             return None
         if not self.active:  # idle cluster: skip to the round in which the next job arrives
-            now = max(now, jobs[self.arrived].arrival + self.lag if costs.rounds_at_arrivals else
-                      math.ceil(jobs[self.arrived].arrival / config.round_s) * config.round_s)
+            now = max(now, coming[0].arrival + self.lag if costs.rounds_at_arrivals else
+                      math.ceil(coming[0].arrival / config.round_s) * config.round_s)
         else:
             step = config.round_s
-            if costs.rounds_at_arrivals and self.arrived < len(jobs):
-                step = min(step, jobs[self.arrived].arrival + self.lag - now)
+            if costs.rounds_at_arrivals and coming:
+                step = min(step, coming[0].arrival + self.lag - now)
             if costs.completion_poll_s:  # the scheduler's look each poll: a job that ended or left starts a round
                 if self.leaving:
                     poll, left = costs.completion_poll_s, min(j.leaves_at for j in self.leaving.values())
@@ -148,10 +150,9 @@ class SimulatedCluster:
                 _advance(self.running.values(), now, step, costs)
             now += step
         self.now = now
-        while self.arrived < len(jobs) and jobs[self.arrived].arrival + self.lag <= now:
-            job = jobs[self.arrived]
+        while coming and coming[0].arrival + self.lag <= now:
+            job = coming.popleft()
             self.active[job.name], job.stopped_at = job, job.progress
-            self.arrived += 1
         for job in [j for j in self.running.values() if j.completion is not None]:
             self.records.append(_record(job, self.ledger.first_start.get(job.name)))
             self.ledger.held(job.completion, job.name, 0)
@@ -210,7 +211,7 @@ class SimulatedCluster:
         self.times.append(now)
         self.gpus_used.append(sum(map(len, decided.values())))
         self.num_active.append(len(self.active))
-        self.idle = self.idle + 1 if not decided and self.arrived == len(self.jobs) else 0
+        self.idle = self.idle + 1 if not decided and not self.coming else 0
         if self.idle > self.config.max_idle_rounds:
             raise InvariantError(f"t={now}: {len(self.active)} jobs wait but {self.policy.name} has allocated nothing "
                                  f"for {self.idle} rounds and no job is left to arrive: they would never finish")
