@@ -15,7 +15,7 @@ jobs, one line per GPU count).
                                  # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days, for
                                  # every policy (or those named: --philly fifo,sia,...)
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
-    python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 2000   # larger programs on LP terms
+    python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 10000  # the exact integer program
     python bench/bench_growth.py --philly sia --days 33   # the jobs of the first 33 days only, run to the end
 
 The whole trace records each job's duration and GPUs only: the policies that model applications run it with an
@@ -47,7 +47,7 @@ from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
 from easyscale_ext.sched.policies import RUNNABLE, ElasticGoodputPolicy, PolluxPolicy, SiaPolicy
 from easyscale_ext.sched.policies.pollux import NODES
-from easyscale_ext.sched.policies.sia import EXACT_OPTIONS
+from easyscale_ext.sched.policies.sia import AT_SCALE_GPUS, EXACT_OPTIONS
 from easyscale_ext.sched.simulator import simulate, validate
 
 MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy (changed by --pollux-nodes and
@@ -145,7 +145,6 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
             raise SystemExit(f"{name}'s run of the trace failed") from None
         child.join()
     done = [r for r in results if r["finished"]]
-    done = [r for r in results if r["finished"]]
     if done:
         print("\n| policy | jobs | avg JCT s | p99 JCT s | makespan s |\n|---|---:|---:|---:|---:|")
         for r in done:
@@ -239,9 +238,12 @@ def main():
                     help="with --philly: only the jobs arriving in the trace's first DAYS days, run to the end")
     ap.add_argument("--pollux-nodes", default="all", choices=NODES,
                     help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
-    ap.add_argument("--exact-options", type=int, default=EXACT_OPTIONS,
+    ap.add_argument("--exact-options", type=int, default=None,
                     help="Sia's and elastic-goodput's: the most configurations a round's integer program is solved "
-                         "as it is; above, on its LP relaxation's terms (SiaPolicy(exact_options=...))")
+                         "as it is; above, on its LP relaxation's terms (SiaPolicy(exact_options=...); default the "
+                         f"policy's: on {AT_SCALE_GPUS:,} GPUs or more Sia's {SiaPolicy.at_scale_options:,}, "
+                         f"elastic-goodput's {ElasticGoodputPolicy.at_scale_options}, else {EXACT_OPTIONS:,}; "
+                         f"{EXACT_OPTIONS} on Philly's cluster: the exact program)")
     args = ap.parse_args()
     MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes)
     MADE["sia"] = lambda seed: SiaPolicy(exact_options=args.exact_options)

@@ -8,8 +8,10 @@ from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.job import make_job
 from easyscale_ext.sched.models.workload import JobSpec
 from easyscale_ext.sched.policies.pollux import PolluxPolicy, _one_type, virtual_nodes
+from easyscale_ext.sched.policies.elastic_goodput import ElasticGoodputPolicy
 from easyscale_ext.sched.policies import sia
-from easyscale_ext.sched.policies.sia import SiaPolicy, each_alone, gpu_counts, one_gpu_throughput
+from easyscale_ext.sched.policies.sia import (AT_SCALE_GPUS, EXACT_OPTIONS, SiaPolicy, each_alone, gpu_counts,
+                                              one_gpu_throughput)
 from easyscale_ext.sched.simulator import simulate
 
 HETERO = Cluster.parse("1x4:t4,1x8:a100")
@@ -138,6 +140,21 @@ def test_a_large_program_solved_on_its_relaxations_terms_stays_feasible_and_clos
     # 9 jobs is the worst case (a split job weighs 1/9 of all): 3 % at most over 200 seeds, 0 in 61 % of them
     got = cost_of(chosen, options, costs) - len(chosen) * offset
     assert exact - 1e-9 <= got <= exact + 0.05 * abs(exact)
+
+
+@pytest.mark.parametrize("policy", [SiaPolicy, ElasticGoodputPolicy])
+@pytest.mark.parametrize("gpus, exact_options, integral", [(AT_SCALE_GPUS - 1, None, True),
+                                                            (AT_SCALE_GPUS, None, False),
+                                                            (AT_SCALE_GPUS, EXACT_OPTIONS, True)])
+def test_by_default_a_program_is_relaxed_above_its_bound_only_on_a_cluster_of_the_size_that_was_judged(
+        policy, gpus, exact_options, integral):
+    jobs = policy.at_scale_options // 3 + 1  # three options each: above the bound at scale, not the exact one
+    options = [(j, (("t4", g),)) for j in range(jobs) for g in (1, 2, 4)]
+    costs = -np.ones(len(options))  # ties: each_alone cannot decide
+    policy, solved = policy(exact_options=exact_options), []
+    policy._solve_program = lambda *program: solved.append(program[1]) or np.zeros(len(options))
+    policy._solve(jobs, options, costs, np.zeros(len(options), bool), {"t4": gpus})
+    assert solved[0] is integral
 
 
 def test_capacity_forced_config_and_no_allocation():

@@ -61,6 +61,7 @@ UTILITY = 0.5  # the exponent of the utility summed over jobs
 
 class ElasticGoodputPolicy(SiaPolicy):
     in_place = True
+    at_scale_options = 0  # on AT_SCALE_GPUS or more every program on its relaxation's terms (judged: BENCHMARKS.md)
 
     def __init__(self, mixed: bool = True, fast_growth: bool = True, utility: bool = True, remaining: bool = True,
                  typed_work: bool = False, weigh_types: bool = True, reallocation_s: float = REALLOCATION_S,

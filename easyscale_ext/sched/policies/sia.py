@@ -14,8 +14,9 @@ restart factor max(age - restarts * R, 0) / (age + R) (1 while age < R). With p 
 value^p <= 1, convex in the value so that starving a job costs more than slowing one; every job left without GPUs
 costs lambda_n = 1.1 more than any allocation (so every job runs while GPUs last), and a change of allocation
 lambda_a = 0.01 more. The integer program (HiGHS, scipy.optimize.milp) picks at most one configuration per job, within
-each type's GPU count, at least cost; above `exact_options` configurations (10,000 by default: hundreds of jobs) it
-keeps the choices of its LP relaxation but for the few jobs that splits, which it decides itself (_solve). Jobs
+each type's GPU count, at least cost; above `exact_options` configurations (by default 10,000: hundreds of jobs; on
+2,400 GPUs or more, 2,000) it keeps the choices of its LP relaxation but for the few jobs that splits, which it
+decides itself (_solve). Jobs
 still restarting (or whose joiners still prepare) keep their configuration. Each type's jobs are then placed on its
 nodes, largest first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node goes to the
 fullest node that holds it.
@@ -33,6 +34,10 @@ CLIP = 3000.0  # the artifact's cap on a configuration's cost: a restart factor 
 TINY = 1e-12
 CLEAR = 1e-6  # relative cost margin by which each_alone's choices must win
 EXACT_OPTIONS = 10_000  # configurations up to which the integer program is solved as it is, by default (_solve)
+# From this many GPUs (Philly's 300 x 8, where it was judged against the exact program: BENCHMARKS.md), programs above
+# the policy's `at_scale_options` configurations are decided on their LP relaxation's terms by default. Every shipped
+# workload runs on a smaller cluster: its figures are the exact program's.
+AT_SCALE_GPUS = 2_400
 # The restart seconds the artifact's simulator charges in a job's restart factor (sia.py, by job name; others 30 s):
 # its cluster's measured restarts, not those its job model pays (simulator.SIA: cifar10 50 s, yolov3 80 s).
 ARTIFACT_RESTARTS = {"deepspeech2": 25.0, "imagenet": 250.0, "cifar10": 30.0, "bert": 120.0, "yolov3": 45.0}
@@ -55,15 +60,17 @@ class SiaPolicy(Policy):
     name = "sia"
     profiled = True
     per_type_models = True  # the artifact's jobs on a cluster of several types keep a model per type
+    at_scale_options = 2_000  # exact_options by default on AT_SCALE_GPUS or more (judged there: BENCHMARKS.md)
 
     def __init__(self, p=-0.5, lambda_n=1.1, lambda_a=0.01, restart_s=30.0, restart_by_app=None, in_place=None,
-                 exact_options=EXACT_OPTIONS, name=None):
+                 exact_options=None, name=None):
         """`restart_by_app`: application -> the seconds its restart factor charges instead of `restart_s` (the
         artifact's simulator: ARTIFACT_RESTARTS). `exact_options`: the most configurations a round's integer
-        program is solved as it is; a larger one is decided on its LP relaxation's terms (_solve)."""
+        program is solved as it is; a larger one is decided on its LP relaxation's terms (_solve). None: EXACT_OPTIONS,
+        or `at_scale_options` on a cluster of AT_SCALE_GPUS or more; EXACT_OPTIONS there is the exact program."""
         if p >= 0:
             raise ValueError("Sia's costs value^p need p < 0 (its default is -0.5)")
-        if exact_options < 0:
+        if exact_options is not None and exact_options < 0:
             raise ValueError(f"exact_options {exact_options}: the most configurations solved exactly, 0 or more")
         self.exact_options = exact_options
         self.p, self.lambda_n, self.lambda_a, self.restart_s = p, lambda_n, lambda_a, restart_s
@@ -191,17 +198,20 @@ class SiaPolicy(Policy):
         exactly one of its configurations or a "no GPUs" variable that carries the constant. Without one (Sia),
         the program keeps the form its figures against the artifact were measured with: HiGHS may break near-ties
         differently between equivalent forms (one moved Sia's p99 on its setting by 10 %). Above `exact_options`
-        configurations the integer program is solved on its LP relaxation's terms: jobs the relaxation gives a
-        whole configuration (or none) keep it, and an integer program of their own decides the few it splits (at
-        most a couple per GPU type), over all their options and the GPUs left. A round in which each job has a clear
-        best choice and those fit together needs no solver (each_alone): its answer is the solver's.
+        configurations (by default, by the cluster's GPUs: __init__) the integer program is solved on its LP
+        relaxation's terms: jobs the relaxation gives a whole configuration (or none) keep it, and an integer program
+        of their own decides the few it splits (at most a couple per GPU type), over all their options and the GPUs
+        left. A round in which each job has a clear best choice and those fit together needs no solver (each_alone):
+        its answer is the solver's.
         """
         if not options:
             return []
         alone = each_alone(options, costs, forced, capacity, self.offset)
         if alone is not None:
             return alone
-        if len(options) <= self.exact_options:
+        exact = self.exact_options if self.exact_options is not None else (
+            self.at_scale_options if sum(capacity.values()) >= AT_SCALE_GPUS else EXACT_OPTIONS)
+        if len(options) <= exact:
             return [options[i] for i in np.flatnonzero(self._program(num_jobs, options, costs, forced, capacity) > 0.5)]
         x = self._program(num_jobs, options, costs, forced, capacity, integral=False)
         owner = np.array([j for j, _ in options])
