@@ -16,10 +16,9 @@ costs lambda_n = 1.1 more than any allocation (so every job runs while GPUs last
 lambda_a = 0.01 more. The integer program (HiGHS, scipy.optimize.milp) picks at most one configuration per job, within
 each type's GPU count, at least cost; above `exact_options` configurations (by default 10,000: hundreds of jobs; on
 2,400 GPUs or more, 2,000) it keeps the choices of its LP relaxation but for the few jobs that splits, which it
-decides itself (_solve). Jobs
-still restarting (or whose joiners still prepare) keep their configuration. Each type's jobs are then placed on its
-nodes, largest first: a job whose type and count are unchanged keeps its GPUs, one that fits on a node goes to the
-fullest node that holds it.
+decides itself (_solve). Jobs still restarting (or whose joiners still prepare) keep their configuration. Each type's
+jobs are then placed on its nodes, largest first: a job whose type and count are unchanged keeps its GPUs, one that
+fits on a node goes to the fullest node that holds it.
 """
 from functools import lru_cache
 from typing import Optional
