@@ -56,6 +56,21 @@ def test_fit_recovers_a_known_model():
     assert np.allclose(throughput.step_time(fit, nodes, reps, bsz), step, rtol=0.02)
 
 
+def test_the_fits_driver_finds_what_scipy_minimize_finds_to_the_bit(apps, monkeypatch):
+    def minimize(fun_and_grad, x0, lo, hi, ftol, max_iterations):
+        from scipy.optimize import Bounds, minimize
+        return minimize(fun_and_grad, x0, jac=True, method="L-BFGS-B", bounds=Bounds(lo, hi, keep_feasible=True),
+                        options={"ftol": ftol, "maxiter": max_iterations}).x
+
+    measurements = []  # every application's profile, and its first few points (which pin parameters)
+    for name in sorted(EPOCHS):
+        samples = apps[name].profile("t4").samples()
+        measurements += [samples] + [[a[:k] for a in samples] for k in (1, 2, 3, 5)]
+    driven = [throughput.fit_perf_params(*m) for m in measurements]
+    monkeypatch.setattr(throughput, "lbfgsb", minimize)
+    assert np.array(driven).tobytes() == np.array([throughput.fit_perf_params(*m) for m in measurements]).tobytes()
+
+
 def test_loss_gradient_is_exact(apps):
     nodes, reps, bsz, step, sync = apps["imagenet"].profile("t4").samples()
     loss = throughput._Loss(nodes, reps, bsz, np.log(step - sync), np.log(step))
