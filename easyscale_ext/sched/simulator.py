@@ -150,7 +150,7 @@ class SimulatedCluster:
                 _advance(self.running.values(), now, step, costs)
             now += step
         self.now = now
-        while coming and coming[0].arrival + self.lag <= now:
+        while coming and coming[0].arrival + self.lag <= now + 1e-9:  # now + (t - now) may fall a bit short of t
             job = coming.popleft()
             self.active[job.name], job.stopped_at = job, job.progress
         for job in [j for j in self.running.values() if j.completion is not None]:

@@ -147,6 +147,29 @@ def test_per_type_batches_let_a_larger_gpu_run_fewer_accumulation_steps(apps):
     assert end("t4", per_type_batch=True) == end("t4")
 
 
+def test_a_round_at_an_arrival_admits_the_job_whatever_the_last_bit_of_the_time_to_it():
+    """The round at an arrival is at arrival + lag exactly: stepping there from the last round, now + (arrival +
+    lag - now), may land one bit short of it (these times do), and the next round, a poll (completion_poll_s) at a
+    time, let no time pass for that bit: it admitted no one forever (a cluster run's simulation hung so)."""
+    import signal
+
+    lag, first, second = 0.07030439376831055, 0.0714025946899135, 3.9093694871854905
+    assert (first + lag) + ((second + lag) - (first + lag)) < second + lag  # the step falls short
+    jobs = [JobSpec("a", first, 1, duration=100), JobSpec("b", second, 1, duration=100)]
+
+    def stuck(*_):
+        raise TimeoutError("the simulation makes no progress")
+
+    signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)  # it takes milliseconds
+    try:
+        result = simulate(jobs, FifoPolicy(), Cluster.parse("1x2"), None, SimConfig(start_s=0),
+                          costs=RuntimeCosts(rounds_at_arrivals=True, arrival_lag_s=lag, completion_poll_s=0.2))
+    finally:
+        signal.alarm(0)
+    assert [j["start"] for j in result.jobs] == pytest.approx([first + lag, second + lag], abs=1e-9)
+
+
 def test_a_job_holds_its_gpus_until_it_has_exited_and_arrivals_and_ends_can_start_rounds():
     """Cluster mode's timings, off by default: a job's processes exit after its last step (`exit_s`, it keeps
     its GPUs meanwhile), a submission starts a round at once (`rounds_at_arrivals`), and so does a job's end, at
