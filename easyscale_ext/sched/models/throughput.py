@@ -136,7 +136,8 @@ def lbfgsb(fun_and_grad, x0, lo, hi, ftol: float, max_iterations: int):
     fit of the throughput model a third of its time (tests/sched/test_models.py holds the two equal)."""
     from scipy.optimize import _lbfgsb  # here, not at the top: the CLI's parsers import this module
 
-    m, max_line_search, gtol = 10, 20, 1e-5  # minimize()'s defaults: corrections kept, line-search steps, gradient
+    # minimize()'s defaults: corrections kept, line-search steps an iteration, projected-gradient tolerance
+    m, max_line_search, gtol = 10, 20, 1e-5
     n = len(x0)
     x = np.clip(x0, lo, hi).astype(float)
     bounded = np.full(n, 2, np.int32)  # both bounds on every parameter
