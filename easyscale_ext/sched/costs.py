@@ -15,8 +15,9 @@ class RuntimeCosts:
     exit_weight: float = 0.0  # an exit of n processes takes exit_s * n ** exit_weight (they leave side by side)
     join_s: float = 0.0  # an in-place change that adds processes: they prepare this long, the job training as before
     suspend_s: float = 0.0  # a preempted job leaves its GPUs this long after the decision (its next step boundary,
-    # a checkpoint saved, its processes' exit): a job given GPUs of a node it left starts that much later, and the
-    # policy sees the preempted job again only once it has left, as cluster mode's scheduler
+    # a checkpoint saved, its processes' exit): a job given GPUs it still leaves (a node's free ones go first) waits
+    # until they are left, its processes starting only then, and the policy sees the preempted job again only once it
+    # has left, as cluster mode's scheduler
     parallel_starts: float = 0.0  # processes starting (a job's first start or a resume, its joiners preparing) that
     # go at full speed at once; with k > that, every start goes at parallel_starts / k (0: no limit)
     start_weight: float = 1.0  # a start of n processes weighs n ** start_weight processes in that count: a job's

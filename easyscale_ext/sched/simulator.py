@@ -124,6 +124,7 @@ class SimulatedCluster:
         # job's state is its record's (models.job); these index the records by name.
         self.active, self.running = {}, {}  # arrived and unfinished (arrival order); holding GPUs
         self.leaving = {}  # preempted, leaving their GPUs until their `leaves_at` (suspend_s): out of the policy's view
+        self.being_left = {}  # node -> when each of its GPUs that preempted jobs leave is free, earliest first
         self.allocations, self.records, self.ledger = {}, [], Ledger()
         self.times, self.gpus_used, self.num_active = [], [], []
         self.now, self.idle = 0.0, 0
@@ -183,20 +184,19 @@ class SimulatedCluster:
                 del self.allocations[change.job]
         if config.check:
             _check(now, self.allocations, self.active, cluster)
-        suspended = Counter(n for change in changes if not change.new for n in change.old)
+        free_in = self._waits(now, changes) if costs.suspend_s else {}
         for change in changes:
             name, old, alloc, job = change.job, change.old, change.new, self.active[change.job]
             if config.check and job.stopped_at is not None and job.progress != job.stopped_at:
                 raise InvariantError(f"t={now}: {name} progressed without GPUs")
             # In place only between allocations: a job that held no GPUs restarts from its checkpoint.
             delay = reallocation_cost(job, old, alloc, cluster, config, self.in_place) if alloc else 0.0
-            wait = costs.suspend_s if suspended.keys() & change.gained.keys() else 0.0  # until the preempted left
-            prepare = costs.join_s + wait
-            if self.in_place and old and alloc and (prepare and change.gained or costs.reported_steps):
+            wait = free_in.get(name, 0.0)
+            if self.in_place and old and alloc and ((costs.join_s or wait) and change.gained or costs.reported_steps):
                 gained = sum(change.gained.values())  # joiners start first; the change waits for the step in flight
-                job.allocate_after(cluster.groups(alloc), delay, prepare if gained else 0.0, gained)
+                job.allocate_after(cluster.groups(alloc), delay, costs.join_s if gained else 0.0, gained, wait)
             else:
-                job.allocate(cluster.groups(alloc), delay + wait, starts=not (self.in_place and old))
+                job.allocate(cluster.groups(alloc), delay, starts=not (self.in_place and old), free_in=wait)
             self.ledger.held(now, name, len(alloc))
             if alloc:
                 self.running[name], job.stopped_at = job, None
@@ -205,6 +205,33 @@ class SimulatedCluster:
                 job.stopped_at = job.progress
                 if costs.suspend_s:
                     job.leaves_at, self.leaving[name] = now + costs.suspend_s, job
+
+    def _waits(self, now, changes) -> dict:
+        """Job -> seconds until the GPUs it gains in `changes` are free: a node's free GPUs go first, in the changes'
+        order, then those that preempted jobs (of this round or earlier ones) leave, earliest left first; a job's
+        processes start on a GPU only once it is left (RuntimeCosts.suspend_s)."""
+        left = self.being_left
+        for node in list(left):
+            left[node] = [t for t in left[node] if t > now + 1e-9]
+        for change in changes:
+            if not change.new:
+                for node in change.old:
+                    left.setdefault(node, []).append(now + self.costs.suspend_s)
+        gains = Counter()
+        for change in changes:
+            gains += change.gained
+        held = Counter(node for nodes in self.allocations.values() for node in nodes)
+        free = {node: self.cluster.gpus[node] - (held[node] - gains[node]) - len(left.get(node, ())) for node in gains}
+        waits = {}
+        for change in changes:
+            for node, count in change.gained.items():
+                taken = min(count, max(free[node], 0))
+                free[node] -= taken
+                freed = left.get(node, [])[:count - taken]
+                del left.get(node, [])[:count - taken]
+                if freed:
+                    waits[change.job] = max(waits.get(change.job, 0.0), freed[-1] - now)
+        return waits
 
     def account(self, now, held):
         self.allocations = decided = held  # the same, in the order of the policy, which reads it next round
@@ -240,7 +267,7 @@ def _advance(jobs, now, seconds, costs):
         if starting:
             starting += costs.training_weight * sum(j.processes_training for j in jobs)
         rate = min(1.0, parallel / starting) if starting else 1.0
-        span = seconds if rate == 1.0 else min([seconds] + [j.start_left / rate for j in jobs if j.processes_starting])
+        span = min([seconds] + [j.starts_change_in(rate) for j in jobs]) if rate < 1.0 or costs.suspend_s else seconds
         for job in jobs:
             job.advance(now, span, rate)
         now, seconds = now + span, seconds - span

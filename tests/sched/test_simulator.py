@@ -258,6 +258,56 @@ def test_a_job_placed_on_gpus_a_preempted_job_is_leaving_starts_once_it_has_left
     assert run(suspend_s=5) == {"a": (0, 230), "b": (30, 135)}  # b waits for a to leave
 
 
+class Scheduled(Policy):
+    """Runs on GPU 0 the job `schedule` names from each time on (None: none); once that job is done, the first
+    job it sees."""
+    name = "scheduled"
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+
+    def optimize(self, now, jobs, cluster, allocations):
+        jobs = [j.name for j in jobs]
+        named = [name for at, name in self.schedule if at <= now][-1]
+        if named is not None and named not in jobs:  # done
+            named = jobs[0] if jobs else None
+        return {named: (0,)} if named else {}
+
+
+def test_a_job_waits_only_for_the_gpus_it_needs_that_preempted_jobs_still_leave():
+    """A node's free GPUs go first; a job waits only for GPUs that a preempted job still leaves, whether preempted
+    in this round or an earlier one (cluster mode's slots, taken where free)."""
+    def run(cluster, schedule, *jobs):
+        costs = RuntimeCosts(rounds_at_arrivals=True, suspend_s=5)
+        return {j["name"]: j["completion"] for j in simulate(
+            list(jobs), Scheduled(schedule), Cluster.parse(cluster), None, SimConfig(start_s=0, restart_s=10),
+            costs=costs).jobs}
+
+    a, b, c = (JobSpec(name, at, 1, duration=100) for name, at in (("a", 0), ("b", 30), ("c", 32)))
+    assert run("1x1", [(0, "a"), (30, "b")], a, b)["b"] == 135  # a leaves the one GPU until 35
+    assert run("1x2", [(0, "a"), (30, "b")], a, b)["b"] == 130  # the node's other GPU is free: no wait
+    # a preempted at 30 with no job given its GPU; c, given it at 32, starts once a has left it at 35
+    assert run("1x1", [(0, "a"), (30, None), (32, "c")], a, b, c)["c"] == 135
+
+
+def test_a_job_waiting_for_its_gpus_neither_starts_nor_slows_the_starts_beside_it():
+    """The wait for GPUs a preempted job leaves passes at the clock's pace, and its job's processes start only
+    after it: they do not share the machine with other starts meanwhile (`parallel_starts`)."""
+    class NewestTwo(Policy):
+        name = "newest-two"
+
+        def optimize(self, now, jobs, cluster, allocations):
+            return {job.name: (node,) for node, job in enumerate(list(jobs)[-2:])}
+
+    jobs = [JobSpec("a", 0, 1, duration=100), JobSpec("b", 30, 1, duration=100), JobSpec("c", 30, 1, duration=100)]
+    costs = RuntimeCosts(rounds_at_arrivals=True, suspend_s=5, parallel_starts=1)
+    done = {j["name"]: j["completion"] for j in simulate(jobs, NewestTwo(), Cluster.parse("2x1"), None,
+                                                         SimConfig(start_s=10), costs=costs).jobs}
+    # at 30 b takes a's GPU and waits until 35; c starts alone at full speed until then (5 s of 10), both at half
+    # speed until c's start ends at 45, b's last 5 s alone, to 50
+    assert (done["b"], done["c"]) == (150, 145)
+
+
 class Watching(Newest):
     """Newest, recording the jobs it is shown each round."""
 

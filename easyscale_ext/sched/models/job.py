@@ -22,6 +22,7 @@ from .virtual_workers import mixed_step, virtual_worker_step
 class Joining(NamedTuple):
     groups: dict  # what it changes to
     delay: float  # then its pause
+    free_in: float  # seconds until its new GPUs are free (jobs preempted from them still leave them): then they prepare
     prepare_left: float  # seconds its new processes still prepare, at full speed
     wait_left: float  # then seconds until its step in flight ends
     gained: int  # GPUs it holds meanwhile beyond its current ones
@@ -37,6 +38,8 @@ class Job:
         self.gpu_type = None  # the GPU type it runs on; None if none or several
         self.delay_left = 0.0  # seconds of the current (re)start still to pass before it progresses
         self.delay_starts = False  # that delay starts processes (a first start, a resume): starts share the machine
+        self.free_in = 0.0  # seconds until the GPUs it was given are free (jobs preempted from them still leave them):
+        # its delay begins then, and its processes start only then
         self.exit_s = 0.0  # seconds from its last step to its processes' exit: it holds its GPUs until then
         self.exit_weight = 0.0  # with n processes, that takes exit_s * n ** exit_weight
         self.exit_left = None  # seconds of that exit still to pass, once its last step is done
@@ -67,13 +70,16 @@ class Job:
         they prepare; 0 when none."""
         if self.joining is not None:
             joining = self.joining
-            return max(sum(sum(p) for p in joining.groups.values()) - self.num_gpus, 1) if joining.prepare_left else 0
-        return self.num_gpus if self.delay_starts and self.delay_left > 0 else 0
+            if joining.free_in or not joining.prepare_left:
+                return 0
+            return max(sum(sum(p) for p in joining.groups.values()) - self.num_gpus, 1)
+        return self.num_gpus if self.delay_starts and self.delay_left > 0 and not self.free_in else 0
 
     @property
     def processes_training(self) -> int:
         """The processes it trains with now: none while it starts, pauses or exits, or has no GPUs."""
-        if self.completion is not None or self.exit_left is not None or (self.delay_left > 0 and self.joining is None):
+        if self.completion is not None or self.exit_left is not None or (
+                (self.delay_left > 0 or self.free_in > 0) and self.joining is None):
             return 0
         return self.num_gpus
 
@@ -82,7 +88,7 @@ class Job:
         """Its processes are (re)starting or its joiners preparing, or (with reported_steps) it has not yet reported
         a step on its allocation: a policy that leaves such a job be waits until it runs on what it was given (in
         cluster mode, until the real job reports that it does: cluster.live)."""
-        return self.delay_left > 0 or self.joining is not None or self.progress < self.report_at
+        return self.delay_left > 0 or self.free_in > 0 or self.joining is not None or self.progress < self.report_at
 
     @property
     def done(self) -> float:
@@ -90,14 +96,18 @@ class Job:
         share = self.progress / self.length
         return math.floor(share * self.reported_steps + 1e-9) / self.reported_steps if self.reported_steps else share
 
-    @property
-    def start_left(self) -> float:
-        """Seconds of that start still to pass at full speed."""
-        return self.joining.prepare_left if self.joining is not None else self.delay_left
+    def starts_change_in(self, start_rate) -> float:
+        """Seconds until the processes it starts change: its wait for its GPUs ends (its start begins), or its start
+        ends where starts go at `start_rate` < 1 (they share the machine); inf if neither is under way."""
+        joining = self.joining
+        free_in, start = (joining.free_in, joining.prepare_left) if joining is not None else (
+            self.free_in, self.delay_left if self.delay_starts else 0.0)
+        return free_in if free_in else start / start_rate if start and start_rate < 1.0 else math.inf
 
-    def allocate(self, groups, delay, starts: bool = False):
-        """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `delay`
-        seconds (with `starts`: its processes start meanwhile)."""
+    def allocate(self, groups, delay, starts: bool = False, free_in: float = 0.0):
+        """Run on `groups` ({GPU type: GPUs per node}, {} = stop) from now on; nothing progresses for `free_in`
+        seconds (its GPUs are still being left), then for `delay` seconds (with `starts`: its processes start
+        meanwhile)."""
         self.joining = None
         self.delay_starts = starts
         self.groups = {t: tuple(p) for t, p in groups.items() if p}
@@ -106,6 +116,7 @@ class Job:
         if len(self.groups) > 1 and not self.spec.heterogeneous:
             raise ValueError(f"{self.name} may not mix GPU types ({sorted(self.groups)}): it does not allow D2")
         self.delay_left = float(delay) if self.placement else 0.0
+        self.free_in = float(free_in) if self.placement else 0.0
         self.step_s = None  # measured on other slots
         if self.placement:
             self.starts += 1
@@ -113,30 +124,34 @@ class Job:
             if self.reported_steps:  # its first report on these GPUs comes a step from now
                 self.report_at = self.progress + self.length / self.reported_steps
 
-    def allocate_after(self, groups, delay, prepare_s, gained=0):
-        """Change in place to `groups` once its `gained` new GPUs' processes have prepared (`prepare_s` seconds:
-        they start while the job trains on its current GPUs, holding the new ones, and join at a step boundary) or,
-        with none to prepare, once its step in flight has ended (with reported_steps); then pause `delay` seconds."""
-        self.joining = Joining(groups, delay, prepare_s, 0.0 if prepare_s else self._to_step_boundary(), gained)
+    def allocate_after(self, groups, delay, prepare_s, gained=0, free_in=0.0):
+        """Change in place to `groups` once its `gained` new GPUs' processes have prepared (`prepare_s` seconds from
+        when those GPUs are free, in `free_in` seconds: they start while the job trains on its current GPUs, holding
+        the new ones, and join at a step boundary) or, with none to prepare, once its step in flight has ended (with
+        reported_steps); then pause `delay` seconds."""
+        boundary = 0.0 if prepare_s or free_in else self._to_step_boundary()
+        self.joining = Joining(groups, delay, free_in, prepare_s, boundary, gained)
 
     def advance(self, now, seconds, start_rate=1.0):
         """Let `seconds` pass from time `now`; a start in progress goes at `start_rate` of its full speed (the
         starts at once share the machine: RuntimeCosts.parallel_starts)."""
         while self.joining is not None:
-            groups, delay, left, wait, gained = self.joining
-            first = min(left / start_rate if left else wait, seconds)
+            groups, delay, free_in, left, wait, gained = self.joining
+            first = min(free_in if free_in else left / start_rate if left else wait, seconds)
             self._advance(now, first)
             self.attained += first * gained  # held, not yet used
             if self.completion is not None:
                 self.joining = None
                 return
-            if left:
+            if free_in:
+                free_in = _left(free_in, first)
+            elif left:
                 left = _left(left, first * start_rate)
             else:
                 wait = _left(wait, first)
             now, seconds = now + first, seconds - first
-            self.joining = self.joining._replace(prepare_left=left, wait_left=wait)
-            if left or wait:
+            self.joining = self.joining._replace(free_in=free_in, prepare_left=left, wait_left=wait)
+            if free_in or left or wait:
                 if seconds <= 0:
                     return
                 continue
@@ -154,9 +169,12 @@ class Job:
     def _advance(self, now, seconds, start_rate=1.0):
         if self.completion is not None or not self.placement:
             return
+        used = min(self.free_in, seconds)  # its GPUs are still being left: its start has not begun
+        self.free_in = _left(self.free_in, used)
         rate = start_rate if self.delay_starts else 1.0
-        used = min(self.delay_left / rate, seconds)
-        self.delay_left = _left(self.delay_left, used * rate)
+        start = min(self.delay_left / rate, seconds - used)
+        self.delay_left = _left(self.delay_left, start * rate)
+        used += start
         if self.exit_left is None and seconds > used:
             used += self._work(now + used, seconds - used)
             if self.completion is not None and self.exit_s:  # its last step is done; it ends when it has exited
