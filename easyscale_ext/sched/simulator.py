@@ -210,9 +210,8 @@ class SimulatedCluster:
         """Job -> seconds until the GPUs it gains in `changes` are free: a node's free GPUs go first, in the changes'
         order, then those that preempted jobs (of this round or earlier ones) leave, earliest left first; a job's
         processes start on a GPU only once it is left (RuntimeCosts.suspend_s)."""
-        left = self.being_left
-        for node in list(left):
-            left[node] = [t for t in left[node] if t > now + 1e-9]
+        left = {node: kept for node, times in self.being_left.items() if (kept := [t for t in times if t > now + 1e-9])}
+        self.being_left = left
         for change in changes:
             if not change.new:
                 for node in change.old:
@@ -227,8 +226,8 @@ class SimulatedCluster:
             for node, count in change.gained.items():
                 taken = min(count, max(free[node], 0))
                 free[node] -= taken
-                freed = left.get(node, [])[:count - taken]
-                del left.get(node, [])[:count - taken]
+                queue = left.get(node, [])
+                freed, queue[:count - taken] = queue[:count - taken], []
                 if freed:
                     waits[change.job] = max(waits.get(change.job, 0.0), freed[-1] - now)
         return waits
