@@ -57,9 +57,13 @@ class GoodputModel:
         reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
         if self.batch_size is not None:
             return self._at_batch(nodes, reps)
-        batch, local, accum, speed = _speeds(self.perf, self.app, self.max_local_bsz, tuple(nodes), tuple(reps))
+        # A pair's values depend on its nodes only through whether there is more than one (sync_time): each
+        # distinct (replicas, several nodes) is computed once, element by element as for all pairs (the same bits).
+        distinct, inverse = np.unique(2 * reps + (nodes > 1), return_inverse=True)
+        batch, local, accum, speed = _speeds(self.perf, self.app, self.max_local_bsz, tuple(1.0 + distinct % 2),
+                                             tuple(distinct // 2))
         good = speed * efficiency(self.grad_sqr, self.grad_var, batch / self.app.init_batch_size)
-        pick = np.argmax(good, axis=0), np.arange(len(reps))
+        pick = np.argmax(good, axis=0)[inverse], inverse
         return good[pick], local[pick], accum[pick]
 
     def _at_batch(self, nodes, reps):
