@@ -101,8 +101,9 @@ PYBIND11_MODULE(_search, m) {
       .def(py::init([](const Ints& base, const Ints& capacity, const Ints& max_gpus, const Doubles& speedup,
                        const Doubles& factor, double p, double scale) {
              if (base.ndim() != 2 || speedup.ndim() != 3)
-               throw std::invalid_argument("expected base (jobs, nodes) and speedup (jobs, nodes + 1, GPUs + 1)");
-             return Problem(base.shape(0), base.shape(1), speedup.shape(2),
+               throw std::invalid_argument(
+                   "expected base (jobs, nodes) and speedup (jobs, nodes used + 1, GPUs + 1)");
+             return Problem(base.shape(0), base.shape(1), speedup.shape(1), speedup.shape(2),
                             cells(base.data(), base.data() + base.size()), flat(capacity), flat(max_gpus),
                             flat(speedup), flat(factor), p, scale);
            }),

@@ -130,16 +130,20 @@ std::vector<int64_t> Rng::permutation(int64_t n) {
   return p;
 }
 
-Problem::Problem(int64_t jobs, int64_t nodes, int64_t gpu_axis, std::vector<Cell> base,
+Problem::Problem(int64_t jobs, int64_t nodes, int64_t node_axis, int64_t gpu_axis, std::vector<Cell> base,
                  std::vector<int64_t> capacity, std::vector<int64_t> max_gpus, std::vector<double> speedup,
                  std::vector<double> factor, double p, double scale)
-    : jobs(jobs), nodes(nodes), gpu_axis(gpu_axis), base(std::move(base)), capacity(std::move(capacity)),
-      max_gpus(std::move(max_gpus)), speedup(std::move(speedup)), factor(std::move(factor)), p(p), scale(scale) {
-  if (jobs < 1 || nodes < 1 || gpu_axis < 1 || this->base.size() != static_cast<size_t>(jobs * nodes) ||
+    : jobs(jobs), nodes(nodes), node_axis(node_axis), gpu_axis(gpu_axis), base(std::move(base)),
+      capacity(std::move(capacity)), max_gpus(std::move(max_gpus)), speedup(std::move(speedup)),
+      factor(std::move(factor)), p(p), scale(scale) {
+  if (jobs < 1 || nodes < 1 || gpu_axis < 1 || node_axis < std::min(nodes + 1, gpu_axis) ||
+      this->base.size() != static_cast<size_t>(jobs * nodes) ||
       this->capacity.size() != static_cast<size_t>(nodes) || this->max_gpus.size() != static_cast<size_t>(jobs) ||
       this->factor.size() != static_cast<size_t>(jobs) ||
-      this->speedup.size() != static_cast<size_t>(jobs * (nodes + 1) * gpu_axis))
-    throw std::invalid_argument("Pollux search: the arrays' shapes disagree with (jobs, nodes, GPU axis)");
+      this->speedup.size() != static_cast<size_t>(jobs * node_axis * gpu_axis))
+    throw std::invalid_argument(
+        "Pollux search: the arrays' shapes disagree with (jobs, nodes, node axis of at least min(nodes + 1, GPU "
+        "axis), GPU axis)");
   for (int64_t c : this->capacity)
     if (c < 0 || c > std::numeric_limits<Cell>::max())
       throw std::invalid_argument("Pollux search: a node's GPUs must number 0 to " +
@@ -149,7 +153,7 @@ Problem::Problem(int64_t jobs, int64_t nodes, int64_t gpu_axis, std::vector<Cell
 Goals Problem::goals(const Cell* state) const {
   // Both objectives in one pass, each job's speedup looked up once. Locals, not members, in the loops: the
   // compiler cannot tell the writes from the members and would reload them.
-  const int64_t J = jobs, N = nodes;
+  const int64_t J = jobs, N = nodes;  // a job's GPUs bound its nodes used: both within the table's axes
   Scratch<char> in_use(N);
   double power_sum = 0, speedups = 0;
   for (int64_t j = 0; j < J; ++j) {
@@ -163,7 +167,7 @@ Goals Problem::goals(const Cell* state) const {
     if (gpus < 0 || gpus >= gpu_axis)
       throw std::out_of_range("Pollux search: job " + std::to_string(j) + " holds " + std::to_string(gpus) +
                               " GPUs, beyond its speedup table");
-    const double s = speedup[(j * (N + 1) + used) * gpu_axis + gpus];
+    const double s = speedup[(j * node_axis + used) * gpu_axis + gpus];
     speedups += s;
     // the restart-discounted speedup, in the power mean (p = -1, Pollux's, without a pow)
     const double x = (std::equal(row, row + N, base.data() + j * N) ? s : s * factor[j]) * scale + kFloor;

@@ -45,13 +45,16 @@ using State = std::vector<Cell>;  // jobs x nodes, row-major: each job's GPUs on
 using Goals = std::array<double, 2>;  // pymoo's F: both objectives negated, to minimise
 
 struct Problem {
-  int64_t jobs, nodes, gpu_axis;  // the speedup table is jobs x (nodes + 1) x gpu_axis
+  // The speedup table is jobs x node_axis x gpu_axis (nodes used, GPUs): a job uses at most as many nodes as it
+  // has GPUs, so node_axis need not pass min(nodes + 1, gpu_axis).
+  int64_t jobs, nodes, node_axis, gpu_axis;
   State base;
   std::vector<int64_t> capacity, max_gpus;
   std::vector<double> speedup, factor;
   double p, scale;
 
-  Problem(int64_t jobs, int64_t nodes, int64_t gpu_axis, std::vector<Cell> base, std::vector<int64_t> capacity,
+  Problem(int64_t jobs, int64_t nodes, int64_t node_axis, int64_t gpu_axis, std::vector<Cell> base,
+          std::vector<int64_t> capacity,
           std::vector<int64_t> max_gpus, std::vector<double> speedup, std::vector<double> factor, double p,
           double scale);
 

@@ -169,6 +169,22 @@ def test_pollux_search_objective_is_the_power_mean():
     assert value == pytest.approx(2 / (1 / 1.001 + 1 / 3.001))
 
 
+def test_pollux_speedup_table_needs_nodes_used_only_up_to_the_gpus_a_job_may_take():
+    """A job on n nodes holds at least n GPUs: a table of 6 nodes' columns where no job takes more than 2 GPUs needs
+    3 (0-2 nodes used); a shorter one is refused, a longer one changes nothing."""
+    base = np.zeros((2, 6), dtype=np.int64)
+    speedup = np.random.default_rng(0).random((2, 7, 3))
+    states = np.zeros((3, 2, 6), dtype=np.int64)
+    states[1, 0, :2] = 1
+    states[2, :, 3] = 1, 1
+    full, short = (_Search(base, np.full(6, 4), np.array([2, 2]), table, np.ones(2), -1.0, 0.5, None)
+                   for table in (speedup, speedup[:, :3]))
+    assert np.array_equal(full.objective(states), short.objective(states))
+    assert np.array_equal(full.utility(states), short.utility(states))
+    with pytest.raises(ValueError, match="node axis"):
+        _Search(base, np.full(6, 4), np.array([2, 2]), speedup[:, :2], np.ones(2), -1.0, 0.5, None)
+
+
 def test_fifo_and_tiresias_keep_each_job_on_one_gpu_type():
     jobs = [trace_job("a", 0, 3, 600), trace_job("b", 0, 3, 600), trace_job("c", 0, 2, 600)]
     cluster = Cluster.parse("1x4:t4,1x4:v100")

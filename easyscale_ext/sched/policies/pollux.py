@@ -131,11 +131,13 @@ class PolluxPolicy(Policy):
         return seeds if self.search == "nsga2" else np.concatenate([base[None], seeds])
 
     def _speedup_tables(self, jobs, cluster, max_gpus, total_gpus):
-        """speedup[j, nodes, GPUs], for GPUs up to the job's limit and nodes up to the (searched) cluster's; a
-        job's fair share is of the `total_gpus` of the whole cluster."""
+        """speedup[j, nodes, GPUs], for GPUs up to the job's limit and nodes up to the (searched) cluster's or the
+        most GPUs a job may take, whichever is fewer; a job's fair share is of the `total_gpus` of the whole
+        cluster."""
         per_node = max(cluster.gpus)
         fair = math.ceil(total_gpus / len(jobs))
-        table = np.zeros((len(jobs), cluster.num_nodes + 1, int(max_gpus.max()) + 1))
+        gpu_axis = int(max_gpus.max()) + 1
+        table = np.zeros((len(jobs), min(cluster.num_nodes + 1, gpu_axis), gpu_axis))
         tables = {}
         for j, job in enumerate(jobs):
             model = job.goodput_model()
