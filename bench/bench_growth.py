@@ -45,7 +45,7 @@ from easyscale_ext.sched.models.application import STAND_INS, Applications
 from easyscale_ext.sched.models.cluster import Cluster
 from easyscale_ext.sched.models.traces import data_dir
 from easyscale_ext.sched.models.workload import load_workload, with_applications, with_stand_ins
-from easyscale_ext.sched.policies import RUNNABLE, ElasticGoodputPolicy, PolluxPolicy, SiaPolicy
+from easyscale_ext.sched.policies import POLICIES, RUNNABLE, ElasticGoodputPolicy, PolluxPolicy, SiaPolicy
 from easyscale_ext.sched.policies.pollux import NODES
 from easyscale_ext.sched.policies.sia import AT_SCALE_GPUS, EXACT_OPTIONS
 from easyscale_ext.sched.simulator import simulate, validate
@@ -54,6 +54,9 @@ MADE = dict(RUNNABLE)  # name -> the function of the seed that makes the policy 
 # --exact-options)
 
 TYPES = ("t4", "a100", "2080ti")  # Sia's cluster's
+# --philly all: every policy a user picks but YARN-CS, which runs one job at a time: Philly's jobs back to back last
+# 12,505 days (34 years of 60 s rounds)
+WHOLE_TRACE = [name for name in POLICIES if name != "yarn-cs"]
 
 
 class Enough(Exception):
@@ -90,7 +93,8 @@ class Timed:
         self.times.append(now)
         self.active.append(len(jobs))
         self.clock.append(begin)
-        self.memory.setdefault(int(now // 86400), resident())
+        if int(now // 86400) not in self.memory:
+            self.memory[int(now // 86400)] = resident()
         if len(self.seconds) == self.rounds:
             raise Enough
         return decided
@@ -115,9 +119,9 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
         return cluster, True
 
 
-def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None, days=None) -> list:
+def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None, days=None, seed=0) -> list:
     """Each policy on Philly's whole trace (or `trace`; its first `days` days' jobs), 300 x 8 GPUs, stopped at
-    `budget` CPU seconds (SIGPROF): a markdown row each, printed, and per policy its figures and its CPU seconds at
+    `budget` CPU seconds (SIGPROF), each made with `seed`: a markdown row each, printed, and per policy its figures and its CPU seconds at
     each simulated day; the JCTs of the runs that finished, in a table after."""
     trace = trace or load_workload(data / "pollux" / "traces" / "philly.csv")
     drawn = with_applications(trace, apps)  # drawn over the whole trace: the first days' jobs are the same
@@ -136,7 +140,7 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
     for name in names:
         specs = drawn if MADE[name](0).profiled else trace
         reader, writer = fork.Pipe(duplex=False)
-        child = fork.Process(target=lambda: writer.send(_whole_run(name, specs, apps, budget, round_s, span)))
+        child = fork.Process(target=lambda: writer.send(_whole_run(name, specs, apps, budget, round_s, span, seed)))
         child.start()
         writer.close()
         try:
@@ -152,11 +156,11 @@ def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=N
     return results
 
 
-def _whole_run(name, specs, apps, budget, round_s, span) -> dict:
+def _whole_run(name, specs, apps, budget, round_s, span, seed) -> dict:
     """One policy's run of the whole trace (whole_trace), in the process it was forked to: its row, printed, and its
     figures."""
     cluster, t4_only = cluster_for(name, specs, 2400)
-    timed = Timed(MADE[name](0))
+    timed = Timed(MADE[name](seed))
     begin = time.process_time()
     signal.setitimer(signal.ITIMER_PROF, budget)
     try:
@@ -236,6 +240,9 @@ def main():
     ap.add_argument("--budget", type=float, default=600.0, help="CPU seconds a whole-trace run may take")
     ap.add_argument("--days", type=float, default=None,
                     help="with --philly: only the jobs arriving in the trace's first DAYS days, run to the end")
+    ap.add_argument("--seed", type=int, default=0, help="with --philly: the seed of the policies that draw (Pollux)")
+    ap.add_argument("--pollux-search", type=int, nargs=2, default=None, metavar=("POPULATION", "GENERATIONS"),
+                    help="Pollux's search (PolluxPolicy(population=..., generations=...)); default the policy's")
     ap.add_argument("--pollux-nodes", default="all", choices=NODES,
                     help="the nodes Pollux's search sees each round (PolluxPolicy(nodes=...))")
     ap.add_argument("--exact-options", type=int, default=None,
@@ -245,7 +252,9 @@ def main():
                          f"elastic-goodput's {ElasticGoodputPolicy.at_scale_options}, else {EXACT_OPTIONS:,}; "
                          f"{EXACT_OPTIONS} on Philly's cluster: the exact program)")
     args = ap.parse_args()
-    MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes)
+    population, generations = args.pollux_search or (None, None)
+    MADE["pollux"] = lambda seed: PolluxPolicy(seed=seed, nodes=args.pollux_nodes, population=population,
+                                               generations=generations)
     MADE["sia"] = lambda seed: SiaPolicy(exact_options=args.exact_options)
     MADE["elastic-goodput"] = lambda seed: ElasticGoodputPolicy(exact_options=args.exact_options)
     signal.signal(signal.SIGALRM, _timeout)
@@ -254,11 +263,11 @@ def main():
     data = data_dir()
     apps = Applications(data)
     if args.philly:
-        names = list(RUNNABLE) if args.philly == "all" else args.philly.split(",")
+        names = WHOLE_TRACE if args.philly == "all" else args.philly.split(",")
         unknown = [n for n in names if n not in MADE]
         if unknown:
             ap.error(f"unknown --philly {', '.join(unknown)}: choose from all, {', '.join(RUNNABLE)}")
-        results = whole_trace(names, data, apps, args.budget, days=args.days)
+        results = whole_trace(names, data, apps, args.budget, days=args.days, seed=args.seed)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
