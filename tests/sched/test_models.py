@@ -118,6 +118,18 @@ def test_best_batch_beats_every_candidate(apps):
                 assert good[i] >= model.goodput(n, r, m, 0) * (1 - 1e-2)
 
 
+def test_best_on_a_grid_is_each_pairs_best_to_the_bit(apps):
+    """A grid of (nodes, replicas) pairs, as a Pollux speedup table asks, is computed once per distinct (replicas,
+    several nodes): each entry must be the bits of that pair asked alone."""
+    model = GoodputModel(throughput.PerfParams(0.02, 0.0007, 0.13, 0.003, 0.03, 0.002, 2.2), 1.0, 3.0,
+                         apps["cifar10"])
+    nodes, reps = (a.ravel() for a in np.meshgrid(np.arange(1, 7), np.arange(1, 17), indexing="ij"))
+    nodes, reps = nodes[nodes <= reps], reps[nodes <= reps]
+    grid = model.best(nodes, reps)
+    alone = np.array([[v[0] for v in model.best(n, r)] for n, r in zip(nodes, reps)]).T
+    assert len(nodes) > 32 and all(np.array_equal(g, a) for g, a in zip(grid, alone))
+
+
 def test_job_finishes_after_its_epochs_and_more_gpus_help_cifar10(apps):
     spec = lambda g: JobSpec("c", 0.0, g, "cifar10", 512)  # noqa: E731
     one, four = isolated_runtime(spec(1), apps, 4, "t4"), isolated_runtime(spec(4), apps, 4, "t4")

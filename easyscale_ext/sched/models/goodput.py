@@ -14,6 +14,9 @@ from .efficiency import efficiency
 
 EPS = 1e-8  # slack for ceil() of ratios that are integers up to rounding
 CANDIDATES = 50
+# best() computes a call's distinct pairs only above this many: a grid (a Pollux speedup table) repeats most of its
+# pairs, a handful of pairs rarely any, and finding them costs more than it saves
+DISTINCT_FROM = 32
 
 
 def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
@@ -57,13 +60,15 @@ class GoodputModel:
         reps = np.atleast_1d(np.asarray(num_replicas, dtype=float))
         if self.batch_size is not None:
             return self._at_batch(nodes, reps)
-        # A pair's values depend on its nodes only through whether there is more than one (sync_time): each
-        # distinct (replicas, several nodes) is computed once, element by element as for all pairs (the same bits).
-        distinct, inverse = np.unique(2 * reps + (nodes > 1), return_inverse=True)
-        batch, local, accum, speed = _speeds(self.perf, self.app, self.max_local_bsz, tuple(1.0 + distinct % 2),
-                                             tuple(distinct // 2))
+        inverse = slice(None)
+        if len(reps) > DISTINCT_FROM:
+            # A pair's values depend on its nodes only through whether there is more than one (sync_time): each
+            # distinct (replicas, several nodes) is computed once, element by element as for all (the same bits).
+            distinct, inverse = np.unique(2 * reps + (nodes > 1), return_inverse=True)
+            nodes, reps = 1.0 + distinct % 2, distinct // 2
+        batch, local, accum, speed = _speeds(self.perf, self.app, self.max_local_bsz, tuple(nodes), tuple(reps))
         good = speed * efficiency(self.grad_sqr, self.grad_var, batch / self.app.init_batch_size)
-        pick = np.argmax(good, axis=0)[inverse], inverse
+        pick = np.argmax(good, axis=0)[inverse], np.arange(len(reps))[inverse]
         return good[pick], local[pick], accum[pick]
 
     def _at_batch(self, nodes, reps):
