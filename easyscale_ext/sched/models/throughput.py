@@ -55,33 +55,39 @@ class _Loss:
         self.inter, self.intra = nodes > 1, (nodes <= 1) & (reps > 1)
         self.extra = np.maximum(reps - 2, TINY)
         self.bsz, self.log_grad, self.log_step, self.n = bsz, log_grad, log_step, len(bsz)
+        # Rows that go through the same operation are stacked, one call for both: numpy computes each element alone,
+        # so the bits are those of a call per row.
+        self.kinds = np.stack([self.inter, self.intra]).astype(float)  # dstep's rows 2 and 4 are share times these
+        self.over = np.stack([np.ones(len(bsz)), bsz])  # dgrad's rows 0 and 1 are these over g
+        self.times = np.empty((2, len(bsz)))  # g, s
+        self.errors = np.empty((2, len(bsz)))  # e1, e2
         self.dgrad = np.zeros((7, len(bsz)))  # rows 2-6 stay 0: compute time depends on alpha_c, beta_c only
 
     def __call__(self, theta):
         ac, bc, an, bn, ar, br, gamma = theta
         inter, intra, extra, bsz = self.inter, self.intra, self.extra, self.bsz
-        g = ac + bc * bsz
-        s = np.where(inter, an + bn * extra, np.where(intra, ar + br * extra, TINY))
-        lg, ls = np.log(g), np.log(s)
-        lstep = np.logaddexp(gamma * lg, gamma * ls) / gamma
-        wg, ws = np.exp(gamma * (lg - lstep)), np.exp(gamma * (ls - lstep))  # shares of g^gamma and s^gamma
-        e1, e2 = lg - self.log_grad, lstep - self.log_step
+        times, errors = self.times, self.errors
+        g = np.add(ac, bc * bsz, out=times[0])
+        times[1] = s = np.where(inter, an + bn * extra, np.where(intra, ar + br * extra, TINY))
+        logs = np.log(times)
+        lg, ls = logs
+        scaled = gamma * logs
+        lstep = np.logaddexp(scaled[0], scaled[1]) / gamma
+        wg, ws = shares = np.exp(gamma * (logs - lstep))  # shares of g^gamma and s^gamma
+        e1, e2 = np.subtract(lg, self.log_grad, out=errors[0]), np.subtract(lstep, self.log_step, out=errors[1])
         # RMS errors smoothed at 0 by 1e-3 (0.1 %), so that L-BFGS-B also converges when the data fit exactly.
-        r1 = np.sqrt(np.add.reduce(e1 ** 2) / self.n + 1e-6)
-        r2 = np.sqrt(np.add.reduce(e2 ** 2) / self.n + 1e-6)
+        r1, r2 = np.sqrt(np.add.reduce(errors ** 2, axis=1) / self.n + 1e-6)
         # d(lstep)/d(theta), one row per parameter
         dstep = np.empty((7, self.n))
         np.divide(wg, g, out=dstep[0])
         np.divide(wg * bsz, g, out=dstep[1])
         share = ws / s
-        np.multiply(share, inter, out=dstep[2])
-        np.multiply(dstep[2], extra, out=dstep[3])
-        np.multiply(share, intra, out=dstep[4])
-        np.multiply(dstep[4], extra, out=dstep[5])
-        np.divide(wg * lg + ws * ls - lstep, gamma, out=dstep[6])
+        np.multiply(share, self.kinds, out=dstep[2:5:2])
+        np.multiply(dstep[2:5:2], extra, out=dstep[3:6:2])
+        weighted = shares * logs
+        np.divide(weighted[0] + weighted[1] - lstep, gamma, out=dstep[6])
         dgrad = self.dgrad
-        np.divide(1, g, out=dgrad[0])
-        np.divide(bsz, g, out=dgrad[1])
+        np.divide(self.over, g, out=dgrad[:2])
         grad = dgrad @ e1 / self.n / r1 + dstep @ e2 / self.n / r2
         rn, rr = bn / an, br / ar
         loss = r1 + r2 + 1e-3 * (gamma - 1) ** 2 + 1e-2 * (rn ** 2 + rr ** 2)
@@ -121,7 +127,8 @@ def fit_perf_params(num_nodes, num_replicas, local_bsz, step, sync) -> PerfParam
     def loss(x):
         q = to_p(x)
         value, grad = measured(q)
-        return value, grad * np.concatenate([q[:6], [1.0]])
+        grad[:6] *= q[:6]  # the time parameters' chain rule (gamma's is 1)
+        return value, grad
 
     p = to_p(lbfgsb(loss, to_x(x0), to_x(lo), to_x(hi), ftol=1e-6, max_iterations=100))  # 3 digits, not 9
     if not np.any(nodes > 1):
