@@ -5,7 +5,8 @@ global batch being M = r * m * (s + 1). Candidate batch sizes are 50 points spac
 max(M0, r * m_min) and the application's largest validated batch, as in the artifact.
 """
 import math
-from functools import lru_cache
+from collections import OrderedDict
+from functools import lru_cache, wraps
 
 import numpy as np
 
@@ -17,6 +18,8 @@ CANDIDATES = 50
 # best() computes a call's distinct pairs only above this many: a grid (a Pollux speedup table) repeats most of its
 # pairs, a handful of pairs rarely any, and finding them costs more than it saves
 DISTINCT_FROM = 32
+SPEEDS_BYTES = 128 * 2 ** 20  # _speeds' results kept, the most recently used: elastic-goodput's and Sia's rounds on
+# Philly's trace reuse 97 % of theirs from ~70 MB; a Pollux speedup table's can be 1 MB each
 
 
 def split_batch(batch_size, num_replicas, max_local_bsz, init_batch_size):
@@ -82,7 +85,27 @@ class GoodputModel:
         return good, local, accum
 
 
-@lru_cache(maxsize=4096)
+def _lru_bytes(limit):
+    """functools.lru_cache bounded by the bytes of the arrays its function returns (a tuple of them), not by their
+    number: results differ in size by a thousand times."""
+    def decorate(function):
+        kept, held = OrderedDict(), [0]
+
+        @wraps(function)
+        def cached(*key):
+            if key in kept:
+                kept.move_to_end(key)
+                return kept[key]
+            kept[key] = result = function(*key)
+            held[0] += sum(a.nbytes for a in result)
+            while held[0] > limit and len(kept) > 1:
+                held[0] -= sum(a.nbytes for a in kept.popitem(last=False)[1])
+            return result
+        return cached
+    return decorate
+
+
+@_lru_bytes(SPEEDS_BYTES)
 def _speeds(perf, app, max_local_bsz, nodes: tuple, reps: tuple):
     """(global batch, micro-batch, accumulation steps, samples per second; 0 where the micro-batch is out of
     bounds) of each candidate (rows) on each (nodes, replicas) pair (columns): what every job of `app` with these
