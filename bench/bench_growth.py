@@ -13,7 +13,7 @@ jobs, one line per GPU count).
                                  [--policies fifo,tiresias,...] [--json growth.json] [--plot growth.png]
     python bench/bench_growth.py --philly all [--budget 600] [--plot philly.png] [--json philly.json]
                                  # the whole Philly trace on 300 x 8 GPUs, CPU seconds against simulated days, for
-                                 # every policy (or those named: --philly fifo,sia,...)
+                                 # every policy but YARN-CS (WHOLE_TRACE; or those named: --philly fifo,sia,...)
     python bench/bench_growth.py --philly pollux --pollux-nodes needed   # Pollux searching only the nodes it needs
     python bench/bench_growth.py --philly sia,elastic-goodput --exact-options 10000  # the exact integer program
     python bench/bench_growth.py --philly sia --days 33   # the jobs of the first 33 days only, run to the end
