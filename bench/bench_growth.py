@@ -93,8 +93,9 @@ class Timed:
         self.times.append(now)
         self.active.append(len(jobs))
         self.clock.append(begin)
-        if int(now // 86400) not in self.memory:
-            self.memory[int(now // 86400)] = resident()
+        day = int(now // 86400)
+        if day not in self.memory:
+            self.memory[day] = resident()
         if len(self.seconds) == self.rounds:
             raise Enough
         return decided
@@ -120,9 +121,9 @@ def cluster_for(name: str, specs, gpus: int) -> tuple:
 
 
 def whole_trace(names, data, apps, budget: float, round_s: float = 60.0, trace=None, days=None, seed=0) -> list:
-    """Each policy on Philly's whole trace (or `trace`; its first `days` days' jobs), 300 x 8 GPUs, stopped at
-    `budget` CPU seconds (SIGPROF), each made with `seed`: a markdown row each, printed, and per policy its figures and its CPU seconds at
-    each simulated day; the JCTs of the runs that finished, in a table after."""
+    """Each policy, made with `seed`, on Philly's whole trace (or `trace`; its first `days` days' jobs), 300 x 8
+    GPUs, stopped at `budget` CPU seconds (SIGPROF): a markdown row each, printed, and per policy its figures and its
+    CPU seconds at each simulated day; the JCTs of the runs that finished, in a table after."""
     trace = trace or load_workload(data / "pollux" / "traces" / "philly.csv")
     drawn = with_applications(trace, apps)  # drawn over the whole trace: the first days' jobs are the same
     if days is not None:

@@ -54,9 +54,8 @@ struct Problem {
   double p, scale;
 
   Problem(int64_t jobs, int64_t nodes, int64_t node_axis, int64_t gpu_axis, std::vector<Cell> base,
-          std::vector<int64_t> capacity,
-          std::vector<int64_t> max_gpus, std::vector<double> speedup, std::vector<double> factor, double p,
-          double scale);
+          std::vector<int64_t> capacity, std::vector<int64_t> max_gpus, std::vector<double> speedup,
+          std::vector<double> factor, double p, double scale);
 
   // Negated, to minimise: the power mean of the restart-discounted speedups, and the cluster utility (the
   // speedups over the GPUs of the nodes in use).

@@ -89,17 +89,18 @@ def _lru_bytes(limit):
     """functools.lru_cache bounded by the bytes of the arrays its function returns (a tuple of them), not by their
     number: results differ in size by a thousand times."""
     def decorate(function):
-        kept, held = OrderedDict(), [0]
+        kept, held = OrderedDict(), 0
 
         @wraps(function)
         def cached(*key):
+            nonlocal held
             if key in kept:
                 kept.move_to_end(key)
                 return kept[key]
             kept[key] = result = function(*key)
-            held[0] += sum(a.nbytes for a in result)
-            while held[0] > limit and len(kept) > 1:
-                held[0] -= sum(a.nbytes for a in kept.popitem(last=False)[1])
+            held += sum(a.nbytes for a in result)
+            while held > limit and len(kept) > 1:
+                held -= sum(a.nbytes for a in kept.popitem(last=False)[1])
             return result
         return cached
     return decorate
